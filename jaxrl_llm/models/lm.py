@@ -1,0 +1,152 @@
+"""Pure functions of (config, params, arrays) over the `Decoder`: logits, chunked log-probs, prompt-shared
+completion passes, prefill and decode steps. `config` is static (hashable); everything else is traced.
+
+Shapes: B rows (prompts), T tokens, V vocabulary, D hidden; N = B*G completion rows; P prompt tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.transformer import Decoder, lm_head_weight
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """(B,T) 0/1 -> (B,T) int32 positions counting only real tokens (0 on left padding)."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_mask(mask: jax.Array) -> jax.Array:
+    """(B,T) key mask -> (B,T,T) bool: query t sees real keys at positions <= t."""
+    t = mask.shape[-1]
+    return jnp.tril(jnp.ones((t, t), bool))[None] & mask.astype(bool)[:, None, :]
+
+
+def init_params(config: ModelConfig, rng: jax.Array, *, with_lm_head: bool = True):
+    """Random parameters (normal 0.02, norms at 1) in `config.param_dtype`, without logical boxes."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    variables = Decoder(config, with_lm_head=with_lm_head).init(rng, tokens, tokens, jnp.ones((1, 1, 1), bool))
+    return nn.meta.unbox(variables["params"])
+
+
+def param_logical_axes(config: ModelConfig, *, with_lm_head: bool = True):
+    """Pytree of `PartitionSpec`s of logical axis names, matching `init_params`'s structure."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    abstract = jax.eval_shape(lambda: Decoder(config, with_lm_head=with_lm_head).init(
+        jax.random.PRNGKey(0), tokens, tokens, jnp.ones((1, 1, 1), bool)))
+    return nn.get_partition_spec(abstract["params"])
+
+
+def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.Array | None = None):
+    """Final-norm hidden states (B,T,D) of a left-padded batch; positions come from the mask."""
+    mask = jnp.ones_like(tokens) if attention_mask is None else attention_mask
+    hidden, _, _ = Decoder(config, with_lm_head=False).apply(
+        {"params": params}, tokens, positions_from_mask(mask), causal_mask(mask))
+    return hidden
+
+
+def logits_from_hidden(config: ModelConfig, params, hidden: jax.Array) -> jax.Array:
+    """(..., D) -> float32 logits (..., V)."""
+    dt = jnp.dtype(config.dtype)
+    w = lm_head_weight(config, params).astype(dt)
+    return jnp.dot(hidden.astype(dt), w, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def forward(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.Array | None = None):
+    """Logits (B,T,V) float32. Left padding gives, on real tokens, the logits of each sequence alone."""
+    return logits_from_hidden(config, params, hidden_states(config, params, tokens, attention_mask))
+
+
+def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
+                         temperature=1.0, *, with_entropy: bool = False):
+    """log_softmax(logits/temperature) at `targets`, in sequence chunks of `config.logits_chunk`.
+
+    hidden (B,T,D) aligned with targets (B,T): hidden[:, t] predicts targets[:, t]. Only a (B,chunk,V)
+    float32 block of logits exists at a time, in the backward pass too (each chunk is rematerialized),
+    so a 152k vocabulary stays affordable. Returns logp (B,T) [and entropy (B,T)] float32.
+    """
+    b, t, d = hidden.shape
+    chunk = min(config.logits_chunk, t)
+    pad = (-t) % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (t + pad) // chunk
+    h_chunks = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)
+    t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    @jax.checkpoint
+    def one(h, tgt):
+        logits = logits_from_hidden(config, params, h) / temperature
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        logp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - logz
+        if not with_entropy:
+            return logp, None
+        probs = jnp.exp(logits - logz[..., None])
+        return logp, logz - jnp.sum(probs * logits, axis=-1)
+
+    _, (logp, ent) = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return (unchunk(logp), unchunk(ent)) if with_entropy else unchunk(logp)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def token_logprobs(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.Array,
+                   targets: jax.Array, temperature=1.0):
+    """(B,T) float32: log_softmax(logits[:, t] / temperature)[targets[:, t]], computed in chunks."""
+    hidden = hidden_states(config, params, tokens, attention_mask)
+    return logprobs_from_hidden(config, params, hidden, targets, temperature)
+
+
+# ------------------------------------------------------------------ prompt-shared passes (sampler, trainer)
+def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Array, *,
+            with_lm_head: bool = True):
+    """Runs the prompts once. prompts/prompt_mask (B,P) left-padded.
+
+    Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd).
+    """
+    hidden, _, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
+        {"params": params}, prompts, positions_from_mask(prompt_mask), causal_mask(prompt_mask))
+    return hidden, kv
+
+
+def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask):
+    """Hidden states that predict each completion token, sharing each prompt across its G completions.
+
+    prompts/prompt_mask (B,P) left-padded; completions/completion_mask (N,T) right-padded, N = B*G,
+    rows b*G..b*G+G-1 continue prompt b. Returns (N,T,D) with row n, column t predicting completions[n, t]:
+    column 0 is the prompt's last hidden state, column t > 0 the completion's hidden state at t-1.
+    Equal (up to float rounding) to running the concatenated [prompt; completion] rows one by one, at
+    B*P + N*T token cost instead of N*(P+T).
+    """
+    b = prompts.shape[0]
+    n, t = completions.shape
+    g = n // b
+    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
+    positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    c_hidden, _, _ = Decoder(config, with_lm_head=False).apply(
+        {"params": params}, completions, positions, causal_mask(completion_mask), prefix=kv,
+        prefix_mask=prompt_mask.astype(bool))
+    first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
+    return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
+
+
+def decode_step(config: ModelConfig, params, tokens, positions, cache, cache_index, prefix, prefix_mask):
+    """One decoding step for all N rows. tokens/positions (N,1); cache (k, v) each (L,N,T,Hkv,hd);
+    cache_index scalar slot t; prefix (k, v) each (L,B,P,Hkv,hd); prefix_mask (B,P) bool.
+
+    Returns (hidden (N,1,D), updated cache). The step sees the prompt plus cache slots 0..t.
+    """
+    n = tokens.shape[0]
+    slots = cache[0].shape[2]
+    self_mask = jnp.broadcast_to((jnp.arange(slots) <= cache_index)[None, None, :], (n, 1, slots))
+    hidden, cache, _ = Decoder(config, decode=True, with_lm_head=False).apply(
+        {"params": params}, tokens, positions, self_mask, prefix=prefix, prefix_mask=prefix_mask,
+        cache=cache, cache_index=cache_index)
+    return hidden, cache

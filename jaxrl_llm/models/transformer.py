@@ -1,0 +1,272 @@
+"""Flax Linen decoder-only LM reproducing transformers' Llama, Qwen2 and Qwen3 exactly.
+
+Shapes: N rows, S query tokens, K self keys, B prompt rows with N = B*G (G completions per prompt),
+P prompt tokens, L layers, D hidden, H heads, Hkv key/value heads, R = H/Hkv, hd head dim, V vocab.
+
+One `Decoder` serves every use through three optional inputs:
+  * plain (training / HF parity): attention among the S tokens under `self_mask` (N,S,S);
+  * `prefix`: per-layer keys/values of a shared prompt (L,B,P,Hkv,hd) that every row n = b*G + g also
+    attends to -- the prompt is computed once per prompt, not once per completion (sampling and training);
+  * `cache`: a decode step writes its key/value into slot `cache_index` of a carried cache
+    (L,N,T,Hkv,hd), updated in place by XLA, and attends to the slots `self_mask` (N,1,T) allows.
+Layers are stacked with `nn.scan` (compile time independent of depth) and optionally rematerialized.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.config import ModelConfig, RopeConfig
+
+_NEG = float(np.finfo(np.float32).min)
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
+    """Inverse frequencies (head_dim/2,) float32 and the cos/sin scale, as transformers computes them."""
+    dim = head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(rope.theta) ** exponents)).astype(np.float32)
+    scale = 1.0
+    if rope.type == "linear":
+        inv_freq = inv_freq / np.float32(rope.factor)
+    elif rope.type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
+    elif rope.type == "yarn":
+        inv_freq, scale = _yarn(rope, dim)
+    return inv_freq.astype(np.float32), float(scale)
+
+
+def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
+    base, factor = rope.theta, rope.factor
+
+    def mscale(s, m=1.0):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rot):
+        return dim * math.log(rope.original_max_position_embeddings / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    pos_freqs = np.float32(base) ** (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim))
+    extrapolation = 1.0 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq.astype(np.float32), float(attention_factor)
+
+
+def rope_cos_sin(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """positions (N,S) int -> cos, sin (N,S,hd) float32 (the two halves repeat, rotate-half convention)."""
+    inv_freq, scale = rope_inv_freq(config.rope, config.head_dim)
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * scale, jnp.sin(emb) * scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x (N,S,heads,hd); cos/sin (N,S,hd). Same arithmetic order as transformers' apply_rotary_pos_emb."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# ------------------------------------------------------------------------------------------ layers
+def _init(std: float = 0.02):
+    return nn.initializers.normal(std)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in float32, then `scale * x.astype(input dtype)` as transformers does."""
+
+    eps: float
+    axis_name: str = "embed"
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                           (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (scale * y.astype(x.dtype)).astype(x.dtype)
+
+
+class Dense(nn.Module):
+    """y = x . kernel (+ bias) contracting the last `contract` input axes; logical axis names on params."""
+
+    out_shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical names of kernel axes: contracted input axes, then output axes
+    use_bias: bool = False
+    contract: int = 1
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        in_shape = x.shape[-self.contract:]
+        kernel = self.param("kernel", nn.with_logical_partitioning(_init(), self.axes),
+                            (*in_shape, *self.out_shape), self.param_dtype)
+        y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype),
+                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))),
+                                 ((), ())))
+        if self.use_bias:
+            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                   self.axes[self.contract:]),
+                              self.out_shape, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def attend(q, k, v, self_mask, prefix=None):
+    """Softmax attention over [prefix keys ; self keys] with GQA, softmax in float32.
+
+    q (N,S,H,hd); k, v (N,K,Hkv,hd); self_mask (N,S,K) bool.
+    prefix: None or (pk, pv, pmask) with pk, pv (B,P,Hkv,hd), pmask (B,P) bool; row n = b*G + g sees
+    prompt b. The prompt keys are never copied G times: queries are grouped as (B,G,...) instead.
+    Returns (N,S,H,hd).
+    """
+    n, s, h, hd = q.shape
+    kvh = k.shape[2]
+    r = h // kvh
+    scale = hd ** -0.5
+    q = q.reshape(n, s, kvh, r, hd)
+    scores = jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(self_mask[:, None, None], scores, _NEG)
+    if prefix is not None:
+        pk, pv, pmask = prefix
+        b, p = pk.shape[:2]
+        qg = q.reshape(b, n // b, s, kvh, r, hd)
+        pscores = jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale
+        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, _NEG)
+        scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    if prefix is None:
+        out = jnp.einsum("nkrst,ntkd->nskrd", weights, v)
+    else:
+        wp, ws = weights[..., :p], weights[..., p:]
+        out = jnp.einsum("nkrst,ntkd->nskrd", ws, v)
+        out = out + jnp.einsum("bgkrsp,bpkd->bgskrd", wp.reshape(b, n // b, kvh, r, s, p),
+                               pv).reshape(n, s, kvh, r, hd)
+    return out.reshape(n, s, h, hd)
+
+
+class Block(nn.Module):
+    """One pre-norm decoder layer; the body of the layer scan. Carry: (x, cache); xs: (layer, prefix)."""
+
+    config: ModelConfig
+    decode: bool = False  # write k/v into the carried cache at `cache_index` and attend over the cache
+    return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
+
+    @nn.compact
+    def __call__(self, carry, xs, cos, sin, self_mask, prefix_mask, cache_index):
+        c = self.config
+        dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
+        x, cache = carry
+        layer, prefix_kv = xs
+        dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name)
+
+        h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="input_norm")(x)
+        q = dense((c.num_heads, c.head_dim), ("embed", "heads", "head_dim"), c.qkv_bias, "q_proj")(h)
+        k = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "k_proj")(h)
+        v = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "v_proj")(h)
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, "head_dim", pdt, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
+        if self.decode:
+            ck, cv = cache
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, cache_index, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, cache_index, 0, 0))
+            cache = (ck, cv)
+            keys = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
+        else:
+            keys, values = k, v
+        prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
+        a = attend(q, keys, values, self_mask, prefix)
+        x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
+
+        h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)
+        gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
+        up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
+        mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+        x = x + dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+        return (x, cache), ((k, v) if self.return_kv else None)
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the layer in backward
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+}
+
+
+class Decoder(nn.Module):
+    """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), cache, per-layer kv or None).
+
+    The LM head is applied outside (`lm_head_weight`) so that log-probs can be computed in sequence
+    chunks and the value model can skip it; `with_lm_head` only declares its parameters (untied models).
+    """
+
+    config: ModelConfig
+    decode: bool = False
+    return_kv: bool = False
+    with_lm_head: bool = True
+
+    @nn.compact
+    def __call__(self, tokens, positions, self_mask, prefix=None, prefix_mask=None, cache=None,
+                 cache_index=None):
+        c = self.config
+        pdt = jnp.dtype(c.param_dtype)
+        embedding = self.param("embed", nn.with_logical_partitioning(_init(), ("vocab", "embed")),
+                               (c.vocab_size, c.hidden_size), pdt)
+        if self.with_lm_head and not c.tie_word_embeddings:
+            self.param("lm_head", nn.with_logical_partitioning(_init(), ("embed", "vocab")),
+                       (c.hidden_size, c.vocab_size), pdt)
+        x = jnp.take(embedding, tokens, axis=0).astype(jnp.dtype(c.dtype))
+        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+        cos, sin = rope_cos_sin(c, positions)
+
+        block = Block
+        if c.remat != "none":
+            if c.remat not in _REMAT_POLICIES:
+                raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
+            block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
+        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+        (x, cache), kv = layers(c, self.decode, self.return_kv, name="layers")(
+            (x, cache), (jnp.arange(c.num_layers, dtype=jnp.int32), prefix), cos, sin, self_mask,
+            prefix_mask, cache_index)
+        x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="final_norm")(x)
+        return x, cache, kv
+
+
+def lm_head_weight(config: ModelConfig, params) -> jax.Array:
+    """(D, V) output projection: the transposed embedding when tied."""
+    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]

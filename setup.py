@@ -1,0 +1,32 @@
+"""jaxrl_llm: reinforcement learning of large language models in JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="jaxrl_llm",
+    version="0.1.0",
+    description="JAX/Flax library for RL of LLMs: PPO, GRPO, Dr. GRPO, DAPO, GSPO, SAPO.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["jaxrl_llm", "jaxrl_llm.*"]),
+    package_data={"jaxrl_llm": ["data/assets/*"]},
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "transformers>=4.51",
+        "datasets>=3.0",
+        "tensorboardX>=2.6",
+        "ml-collections>=1.0",
+        "safetensors>=0.4",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "sympy>=1.12",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        # torch runs transformers in parity tests only; library code never imports it.
+        "test": ["pytest>=8", "torch==2.13.0"],
+    },
+)

@@ -1,0 +1,324 @@
+"""Prompt datasets: the `data` config section, loading with `datasets.load_dataset`, tokenizing once.
+
+`load_prompt_dataset(config.data, tokenizer)` returns a `datasets.Dataset` with the columns
+`prompt_text` (str, what the model is prompted with), `prompt_ids` (list[int], unpadded) and the
+configured answer/extra columns under their own names, plus counts for the metrics
+(`data/dropped_too_long`, `data/truncated`, ...). `PromptIterator` batches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any
+
+import datasets
+import ml_collections
+import numpy as np
+import transformers
+
+from jaxrl_llm.data import prompts as prompts_lib
+from jaxrl_llm.data.tokenizer import has_chat_template
+
+logger = logging.getLogger(__name__)
+
+PROMPT_TEXT = "prompt_text"
+PROMPT_IDS = "prompt_ids"
+_RESERVED = (PROMPT_TEXT, PROMPT_IDS)
+
+# Builder of `datasets.load_dataset` for each local file extension.
+_FILE_BUILDERS = {
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".ndjson": ("json", {}),
+    ".parquet": ("parquet", {}),
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"sep": "\t"}),
+    ".arrow": ("arrow", {}),
+}
+
+# Rows per `datasets.map` call: one fast-tokenizer batch call and one chat-template loop each.
+_MAP_BATCH = 1000
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """The `data` config section with its defaults (GSM8K-style: question -> answer)."""
+    c = ml_collections.ConfigDict()
+    c.path = ""  # hub dataset name, or a local .json/.jsonl/.parquet/.csv file or directory
+    c.name = ""  # hub subset (config) name, e.g. "main" for gsm8k; "" for none
+    c.split = "train"  # split to load; slicing works ("train[:1000]"); a local file is split "train"
+    c.cache_dir = ""  # `datasets` cache directory; "" for its default (~/.cache/huggingface)
+    c.prompt_column = "question"  # column holding the prompt (text or a list of chat messages)
+    c.prompt_template = ""  # format string over the row's columns, e.g. "Q: {question}\nA:"; wins over prompt_column
+    c.answer_column = "answer"  # column passed to reward functions under its own name; "" for none
+    c.extra_columns = ()  # further columns passed through to reward functions, e.g. ("tests",)
+    c.system_prompt = ""  # system message (chat template), or a first paragraph of raw prompts
+    c.use_chat_template = ml_collections.FieldReference("auto", field_type=object)  # 'auto' | True | False
+    c.max_prompt_length = 512  # longest prompt in tokens; also the largest padding bucket
+    c.max_prompt_length_policy = "drop"  # longer prompts: 'drop' | 'truncate_left' | 'error'
+    c.shuffle_seed = 0  # epoch e is permutation (shuffle_seed, e) of the rows
+    c.num_epochs = 0  # passes over the data before the iterator stops; 0 for unlimited
+    return c
+
+
+def _check_type(config, field: str, types, expected: str):
+    value = config[field]
+    # bool is an int subclass, but True is no prompt length.
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"data.{field} must be {expected}, got {value!r}")
+    return value
+
+
+def use_chat_template_flag(value: Any) -> str | bool:
+    """Normalizes `data.use_chat_template`: 'auto', True or False (strings 'true'/'false' accepted)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[value.lower()]
+    raise ValueError(f"data.use_chat_template must be 'auto', True or False, got {value!r}")
+
+
+def validate_data_config(config) -> None:
+    """Checks every field of a `data` section; a one-line ValueError naming the first bad field."""
+    missing = [f for f in default_data_config().keys() if f not in config]
+    if missing:
+        raise ValueError(f"data config lacks fields {missing}; start from default_data_config()")
+    for field in ("path", "name", "split", "cache_dir", "prompt_column", "prompt_template", "answer_column",
+                  "system_prompt"):
+        _check_type(config, field, str, "a string")
+    if not config.split:
+        raise ValueError("data.split must name a split, e.g. 'train'")
+    if not config.prompt_column and not config.prompt_template:
+        raise ValueError("data.prompt_column and data.prompt_template are both empty; set one")
+    if config.prompt_template:
+        prompts_lib.template_fields(config.prompt_template)
+    extra = _check_type(config, "extra_columns", (tuple, list), "a tuple of column names")
+    if not all(isinstance(c, str) and c for c in extra):
+        raise ValueError(f"data.extra_columns must hold non-empty column names, got {tuple(extra)!r}")
+    passthrough = ([config.answer_column] if config.answer_column else []) + list(extra)
+    if len(set(passthrough)) != len(passthrough):
+        raise ValueError(f"data.answer_column and data.extra_columns repeat a column: {passthrough}")
+    clash = [c for c in passthrough if c in _RESERVED]
+    if clash:
+        raise ValueError(
+            f"data.answer_column/extra_columns may not use the reserved names {list(_RESERVED)}, got {clash}"
+        )
+    use_chat_template_flag(config.use_chat_template)
+    if _check_type(config, "max_prompt_length", int, "a positive int") <= 0:
+        raise ValueError(f"data.max_prompt_length must be a positive int, got {config.max_prompt_length}")
+    if config.max_prompt_length_policy not in prompts_lib.LENGTH_POLICIES:
+        raise ValueError(
+            f"data.max_prompt_length_policy must be one of {list(prompts_lib.LENGTH_POLICIES)}, "
+            f"got {config.max_prompt_length_policy!r}"
+        )
+    if _check_type(config, "shuffle_seed", int, "a non-negative int") < 0:
+        raise ValueError(f"data.shuffle_seed must be a non-negative int, got {config.shuffle_seed}")
+    if _check_type(config, "num_epochs", int, "a non-negative int") < 0:
+        raise ValueError(f"data.num_epochs must be >= 0 (0 for unlimited), got {config.num_epochs}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading.
+
+
+def _looks_like_local_path(path: str) -> bool:
+    # A missing local file must fail here, not after a retried hub request for a repo of that name.
+    return (
+        os.path.isabs(path)
+        or path.startswith(("./", "../", "~"))
+        or os.path.splitext(path)[1].lower() in _FILE_BUILDERS
+    )
+
+
+def load_raw_dataset(config) -> datasets.Dataset:
+    """The configured split, as `datasets.load_dataset` returns it (no tokenization).
+
+    A local file goes through the builder named by its extension with `data_files` (its one split is
+    "train"); a local directory through `load_dataset(dir)` (a `save_to_disk` directory through
+    `load_from_disk`); anything else is a hub name: `load_dataset(path, name or None, split=...)`.
+    """
+    path = os.path.expanduser(config.path)
+    if not path:
+        raise ValueError("data.path is empty; set a hub dataset name or a local file")
+    cache_dir = config.cache_dir or None
+    name = config.name or None
+    if os.path.isfile(path):
+        extension = os.path.splitext(path)[1].lower()
+        if extension not in _FILE_BUILDERS:
+            raise ValueError(
+                f"data.path {config.path!r} has extension {extension!r}; expected one of {sorted(_FILE_BUILDERS)}"
+            )
+        builder, builder_kwargs = _FILE_BUILDERS[extension]
+        load = lambda: datasets.load_dataset(  # noqa: E731
+            builder, data_files={"train": path}, split=config.split, cache_dir=cache_dir, **builder_kwargs
+        )
+    elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "state.json")):
+        load = lambda: datasets.load_from_disk(path)  # noqa: E731
+    elif os.path.isdir(path) or not _looks_like_local_path(config.path):
+        load = lambda: datasets.load_dataset(path, name, split=config.split, cache_dir=cache_dir)  # noqa: E731
+    else:
+        raise ValueError(f"data.path {config.path!r} does not exist")
+    try:
+        dataset = load()
+    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "corresponds to no data" in message:  # what `datasets` says of a file with no rows
+            raise ValueError(f"data.path {config.path!r} split {config.split!r} has no rows") from e
+        raise ValueError(f"data.path {config.path!r} (split {config.split!r}) could not be loaded: {message}") from e
+    if isinstance(dataset, datasets.DatasetDict):  # a save_to_disk directory of several splits
+        if config.split not in dataset:
+            raise ValueError(f"data.split {config.split!r} is not among the splits {list(dataset)}")
+        dataset = dataset[config.split]
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(
+            f"data.path {config.path!r} gave a {type(dataset).__name__}, expected one split (a datasets.Dataset)"
+        )
+    return dataset
+
+
+# ----------------------------------------------------------------------------------------------------
+# Prompt building and tokenization.
+
+
+def _required_columns(config) -> list[str]:
+    if config.prompt_template:
+        needed = prompts_lib.template_fields(config.prompt_template)
+    else:
+        needed = [config.prompt_column]
+    passthrough = ([config.answer_column] if config.answer_column else []) + list(config.extra_columns)
+    return needed + [c for c in passthrough if c not in needed]
+
+
+def _chat_enabled(config, tokenizer) -> bool:
+    flag = use_chat_template_flag(config.use_chat_template)
+    if flag is True and not has_chat_template(tokenizer):
+        raise ValueError(
+            f"data.use_chat_template=True but tokenizer {tokenizer.name_or_path!r} has no chat template"
+        )
+    return has_chat_template(tokenizer) if flag == "auto" else flag
+
+
+def _fingerprint(dataset: datasets.Dataset, config, tokenizer, chat: bool) -> str:
+    # Given explicitly so that `datasets` does not try to hash the tokenizer inside the map function.
+    parts = [
+        getattr(dataset, "_fingerprint", ""),
+        repr(sorted((k, repr(v)) for k, v in config.items())),
+        tokenizer.name_or_path,
+        str(len(tokenizer)),
+        str(getattr(tokenizer, "chat_template", None)),
+        str(chat),
+    ]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
+
+
+def prepare_prompts(
+    dataset: datasets.Dataset, config, tokenizer: transformers.PreTrainedTokenizerBase
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Builds and tokenizes the prompt of every row, applies the max-length policy.
+
+    Returns (dataset with columns prompt_text, prompt_ids, answer/extra columns; stats) where stats has
+    `data/rows_loaded`, `data/rows`, `data/dropped_too_long`, `data/truncated`, `data/prompt_length_max`.
+    The max-length policy: 'drop' removes longer prompts, 'truncate_left' keeps their last
+    max_prompt_length tokens (a leading BOS stays in front; prompt_text is the decoded kept ids),
+    'error' raises naming the first such row.
+    """
+    validate_data_config(config)
+    if len(dataset) == 0:
+        raise ValueError(f"data.path {config.path!r} split {config.split!r} has no rows")
+    missing = [c for c in _required_columns(config) if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"dataset lacks the configured column(s) {missing}; available columns: {dataset.column_names}"
+        )
+
+    chat = _chat_enabled(config, tokenizer)
+    prepend_bos = not chat and prompts_lib.tokenizer_adds_bos(tokenizer)
+    passthrough = ([config.answer_column] if config.answer_column else []) + list(config.extra_columns)
+    max_length, policy = config.max_prompt_length, config.max_prompt_length_policy
+    bos_id = tokenizer.bos_token_id
+
+    def build(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        rows = [{k: batch[k][j] for k in batch} for j in range(len(indices))]
+        users = [
+            prompts_lib.user_prompt(
+                row, prompt_column=config.prompt_column, prompt_template=config.prompt_template, index=i
+            )
+            for row, i in zip(rows, indices)
+        ]
+        if chat:
+            conversations = [prompts_lib.to_messages(u, config.system_prompt) for u in users]
+            texts = prompts_lib.chat_prompt_texts(tokenizer, conversations, first_index=indices[0])
+        else:
+            for u, i in zip(users, indices):
+                if not isinstance(u, str):
+                    raise ValueError(
+                        f"row {i} holds chat messages but tokenizer {tokenizer.name_or_path!r} has no chat "
+                        "template (or data.use_chat_template=False)"
+                    )
+            texts = [prompts_lib.raw_prompt_text(u, config.system_prompt) for u in users]
+        ids = prompts_lib.encode_prompts(tokenizer, texts, prepend_bos=prepend_bos)
+        for row_ids, i in zip(ids, indices):
+            if not row_ids:
+                raise ValueError(f"the prompt of row {i} is empty (no tokens)")
+        lengths = [len(row_ids) for row_ids in ids]
+        if policy == "truncate_left":
+            for j, row_ids in enumerate(ids):
+                if len(row_ids) > max_length:
+                    ids[j] = prompts_lib.truncate_left(row_ids, max_length, bos_id)
+                    texts[j] = tokenizer.decode(ids[j], skip_special_tokens=False)
+        out = {PROMPT_TEXT: texts, PROMPT_IDS: ids, "_raw_length": lengths}
+        out.update({c: batch[c] for c in passthrough})
+        return out
+
+    prepared = dataset.map(
+        build,
+        with_indices=True,
+        batched=True,
+        batch_size=_MAP_BATCH,
+        remove_columns=dataset.column_names,
+        keep_in_memory=True,
+        new_fingerprint=_fingerprint(dataset, config, tokenizer, chat),
+        desc="tokenizing prompts",
+    )
+
+    raw_lengths = np.asarray(prepared["_raw_length"], dtype=np.int64)
+    too_long = raw_lengths > max_length
+    if policy == "error" and too_long.any():
+        row = int(np.argmax(too_long))
+        raise ValueError(
+            f"the prompt of row {row} has {int(raw_lengths[row])} tokens > data.max_prompt_length={max_length} "
+            "(data.max_prompt_length_policy='error')"
+        )
+    prepared = prepared.select_columns([PROMPT_TEXT, PROMPT_IDS, *passthrough])  # drops _raw_length
+    if policy == "drop" and too_long.any():
+        keep = np.flatnonzero(~too_long)
+        if keep.size == 0:
+            raise ValueError(
+                f"no prompts left: all {len(dataset)} rows are longer than data.max_prompt_length={max_length} "
+                "(data.max_prompt_length_policy='drop')"
+            )
+        prepared = prepared.select(keep)
+
+    kept_lengths = np.minimum(raw_lengths, max_length) if policy == "truncate_left" else raw_lengths[~too_long]
+    stats = {
+        "data/rows_loaded": int(len(dataset)),
+        "data/rows": int(len(prepared)),
+        "data/dropped_too_long": int(too_long.sum()) if policy == "drop" else 0,
+        "data/truncated": int(too_long.sum()) if policy == "truncate_left" else 0,
+        "data/prompt_length_max": int(kept_lengths.max()),
+    }
+    logger.info(
+        "prompts: %d rows of %d kept (%d dropped as too long, %d truncated), longest %d tokens; chat template: %s",
+        stats["data/rows"], stats["data/rows_loaded"], stats["data/dropped_too_long"], stats["data/truncated"],
+        stats["data/prompt_length_max"], chat,
+    )
+    return prepared, stats
+
+
+def load_prompt_dataset(
+    config, tokenizer: transformers.PreTrainedTokenizerBase
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """`load_raw_dataset(config)` then `prepare_prompts`: the tokenized prompts and their counts."""
+    validate_data_config(config)
+    return prepare_prompts(load_raw_dataset(config), config, tokenizer)

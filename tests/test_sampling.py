@@ -1,0 +1,224 @@
+"""The group sampler: greedy parity with transformers, log-prob convention, distribution, EOS semantics."""
+import jax
+import numpy as np
+import pytest
+
+from fixtures_hf import left_padded_batch, make_hf_model
+from jaxrl_llm.models import forward, load_hf, token_logprobs
+from jaxrl_llm.sampling import _generate, generate
+
+EOS, PAD = 2, 0
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp(request.param))
+    hf = make_hf_model(path, request.param)
+    config, params = load_hf(path)
+    return hf, config, params
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("qwen"))
+    make_hf_model(path, "qwen2", seed=1)
+    return load_hf(path)
+
+
+def _prompts(seed=0, lengths=(5, 9, 3)):
+    return left_padded_batch(np.random.default_rng(seed), list(lengths), 97, pad=PAD)
+
+
+def _hf_greedy(hf, tokens, mask, max_new_tokens, eos):
+    import torch
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.as_tensor(tokens).long(), attention_mask=torch.as_tensor(mask).long(),
+                          do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=PAD,
+                          min_new_tokens=0)
+    return out[:, tokens.shape[1]:].numpy()
+
+
+def test_greedy_equals_transformers_generate(model):
+    hf, config, params = model
+    tokens, mask = _prompts()
+    T = 12
+    # First with an EOS that never occurs, then with one taken from the middle of row 0's greedy
+    # output, so transformers and we both stop that row early and pad it.
+    free = _hf_greedy(hf, tokens, mask, T, eos=EOS)
+    for eos in (EOS, int(free[0, 4])):
+        ref = _hf_greedy(hf, tokens, mask, T, eos=eos)
+        r = generate(config, params, tokens, mask, jax.random.PRNGKey(0), max_new_tokens=T, temperature=0.0,
+                     eos_ids=[eos], pad_id=PAD)
+        ours = np.asarray(r.tokens)
+        ref = np.pad(ref, ((0, 0), (0, T - ref.shape[1])), constant_values=PAD)  # HF stops when all rows end
+        np.testing.assert_array_equal(ours, ref)
+    assert int(r.lengths[0]) <= 5 and not bool(r.truncated[0])
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 5, 0.9)])
+def test_sampler_logprobs_equal_trainer_logprobs(qwen, temperature, top_k, top_p):
+    config, params = qwen
+    tokens, mask = _prompts(1)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=10, num_samples=4,
+                 temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=[EOS, 7, 11], pad_id=PAD)
+    full = np.concatenate([r.prompt_tokens, r.tokens], 1)
+    full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
+    P = tokens.shape[1]
+    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], temperature)[:, P - 1:]
+    m = np.asarray(r.mask).astype(bool)
+    assert np.abs(np.asarray(ref) - np.asarray(r.logprobs))[m].max() <= 1e-4
+    assert np.all(np.asarray(r.logprobs)[~m] == 0)
+
+
+def _first_token_probs(config, params, tokens, mask, temperature):
+    logits = np.asarray(forward(config, params, tokens, mask)[0, -1], np.float64) / temperature
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def _chi_square_ok(counts, probs, z=3.719):  # z for p = 1e-4: a fixed seed, essentially never flaky
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5  # merge the sparse bins into one
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    stat = np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep])
+    k = keep.sum() - 1
+    critical = k * (1 - 2 / (9 * k) + z * np.sqrt(2 / (9 * k))) ** 3  # Wilson-Hilferty
+    return stat, critical
+
+
+def _first_tokens(config, params, tokens, mask, n, seed, **kw):
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(seed), max_new_tokens=1, num_samples=n,
+                 eos_ids=[EOS], pad_id=PAD, **kw)
+    return np.asarray(r.tokens[:, 0])
+
+
+def test_first_token_frequencies_match_softmax(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(2, lengths=(6,))
+    probs = _first_token_probs(config, params, tokens, mask, 0.8)
+    drawn = _first_tokens(config, params, tokens, mask, 4096, 0, temperature=0.8)
+    stat, critical = _chi_square_ok(np.bincount(drawn, minlength=config.vocab_size), probs)
+    assert stat < critical, (stat, critical)
+    # top-k: only the k most likely tokens, with their renormalized probabilities.
+    drawn = _first_tokens(config, params, tokens, mask, 4096, 1, temperature=0.8, top_k=5)
+    top5 = np.argsort(-probs)[:5]
+    assert set(drawn) <= set(top5)
+    renorm = np.zeros_like(probs)
+    renorm[top5] = probs[top5] / probs[top5].sum()
+    stat, critical = _chi_square_ok(np.bincount(drawn, minlength=config.vocab_size), renorm)
+    assert stat < critical, (stat, critical)
+
+
+def test_top_k_1_is_greedy_and_nucleus_stays_in_nucleus(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(3)
+    kw = dict(max_new_tokens=8, eos_ids=[EOS], pad_id=PAD)
+    greedy = generate(config, params, tokens, mask, jax.random.PRNGKey(0), temperature=0.0, **kw)
+    top1 = generate(config, params, tokens, mask, jax.random.PRNGKey(5), temperature=0.9, top_k=1, **kw)
+    np.testing.assert_array_equal(greedy.tokens, top1.tokens)
+
+    tokens, mask = _prompts(4, lengths=(7,))
+    probs = _first_token_probs(config, params, tokens, mask, 1.0)
+    order = np.argsort(-probs)
+    for top_p in (0.3, 0.6):
+        mass_before = np.cumsum(probs[order]) - probs[order]
+        nucleus = set(order[mass_before < top_p])
+        drawn = set(_first_tokens(config, params, tokens, mask, 2048, 2, temperature=1.0, top_p=top_p))
+        assert len(nucleus) > 1 and len(nucleus) < 0.5 * config.vocab_size  # a test that can fail
+        assert drawn <= nucleus and len(drawn) > 1
+
+
+def _check_semantics(r, eos_ids, pad_id):
+    tokens, mask, logprobs = map(np.asarray, (r.tokens, r.mask, r.logprobs))
+    for n in range(tokens.shape[0]):
+        is_eos = np.isin(tokens[n], eos_ids) & (mask[n] == 1)
+        length = int(np.argmax(is_eos)) + 1 if is_eos.any() else tokens.shape[1]
+        np.testing.assert_array_equal(mask[n], np.arange(tokens.shape[1]) < length)  # EOS included
+        assert np.all(tokens[n, length:] == pad_id) and np.all(logprobs[n, length:] == 0)
+        assert not np.isin(tokens[n, :length - 1], eos_ids).any()
+        assert int(r.lengths[n]) == length and bool(r.truncated[n]) == (not is_eos.any())
+
+
+def test_eos_pad_mask_lengths_truncated(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(5)
+    eos_ids = [3, 9, 17, 40, 55]  # common enough that some rows stop early, others run to T
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(3), max_new_tokens=16, num_samples=8,
+                 temperature=1.5, eos_ids=eos_ids, pad_id=PAD)
+    _check_semantics(r, eos_ids, PAD)
+    lengths = np.asarray(r.lengths)
+    assert lengths.min() < 16 and np.asarray(r.truncated).any() and r.tokens.shape == (24, 16)
+    np.testing.assert_array_equal(r.prompt_tokens, np.repeat(tokens, 8, 0))
+
+
+def test_eos_on_first_step_and_pad_equal_to_eos(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(6)
+    first = np.asarray(generate(config, params, tokens, mask, jax.random.PRNGKey(0), max_new_tokens=1,
+                                temperature=0.0, eos_ids=[EOS], pad_id=PAD).tokens[:, 0])
+    eos = int(first[0])
+    for pad in (PAD, eos):  # pad == eos must not drop the EOS from the mask
+        r = generate(config, params, tokens, mask, jax.random.PRNGKey(0), max_new_tokens=6, temperature=0.0,
+                     eos_ids=[eos], pad_id=pad)
+        _check_semantics(r, [eos], pad)
+        assert int(r.lengths[0]) == 1 and int(r.mask[0, 0]) == 1 and not bool(r.truncated[0])
+        assert int(r.tokens[0, 0]) == eos
+
+
+def test_rng_determinism_and_group_diversity(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(7)
+    kw = dict(max_new_tokens=8, num_samples=4, eos_ids=[EOS], pad_id=PAD)
+    a = generate(config, params, tokens, mask, jax.random.PRNGKey(11), **kw)
+    b = generate(config, params, tokens, mask, jax.random.PRNGKey(11), **kw)
+    c = generate(config, params, tokens, mask, jax.random.PRNGKey(12), **kw)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+    assert not np.array_equal(a.tokens, c.tokens)
+    rows = np.asarray(a.tokens).reshape(3, 4, -1)
+    for group in rows:
+        assert len({tuple(r) for r in group}) == 4  # the G rows of one prompt are different samples
+
+
+def test_no_retrace_for_same_shapes(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(8)
+    kw = dict(max_new_tokens=5, num_samples=2, eos_ids=[EOS], pad_id=PAD)
+    generate(config, params, tokens, mask, jax.random.PRNGKey(0), temperature=1.0, **kw)
+    before = _generate._cache_size()
+    for i, (temperature, top_p) in enumerate([(0.7, 1.0), (1.3, 1.0), (0.5, 1.0)]):
+        generate(config, params, tokens + 1, mask, jax.random.PRNGKey(i), temperature=temperature, top_p=top_p, **kw)
+    assert _generate._cache_size() == before
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_new_tokens=300), "exceeds the model's max_position_embeddings"),
+    (dict(num_samples=0), "num_samples must be an int >= 1"),
+    (dict(temperature=-0.1), "temperature must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1), "top_k must be an int >= 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an int >= 1"),
+    (dict(eos_ids=[]), "eos_ids must name at least one"),
+    (dict(eos_ids=[1000]), "outside the vocabulary"),
+])
+def test_bad_input_raises_before_compiling(qwen, kwargs, message):
+    config, params = qwen
+    tokens, mask = _prompts(9)
+    args = {**dict(max_new_tokens=4, eos_ids=[EOS], pad_id=PAD), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(config, params, tokens, mask, jax.random.PRNGKey(0), **args)
+
+
+def test_bad_shapes_and_dtypes(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(10)
+    kw = dict(max_new_tokens=4, eos_ids=[EOS], pad_id=PAD)
+    with pytest.raises(ValueError, match="prompt_mask shape"):
+        generate(config, params, tokens, mask[:, 1:], jax.random.PRNGKey(0), **kw)
+    with pytest.raises(ValueError, match="prompts must be integer token ids"):
+        generate(config, params, tokens.astype(np.float32), mask, jax.random.PRNGKey(0), **kw)
+    with pytest.raises(ValueError, match=r"prompts must be \(B, P\)"):
+        generate(config, params, tokens[0], mask[0], jax.random.PRNGKey(0), **kw)

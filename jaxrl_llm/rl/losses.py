@@ -1,0 +1,459 @@
+"""Losses: KL estimators, loss aggregation, policy surrogates (PPO-clip, GSPO, SAPO, CISPO), value
+loss and entropy.
+
+Pure, jit-able functions of float32 arrays; the formulas are those of DESIGN section 5. Shapes:
+N rows, T tokens, V vocabulary; `mask` (N,T) is 1 on valid tokens. Masked positions may hold
+anything: they are selected away with `where` before any arithmetic, so they contribute neither to
+values nor to gradients, and a row with zero valid tokens never divides by zero.
+
+Global normalization. Every aggregation is `aggregate_sum / aggregate_denominator`, and both parts
+are additive over rows. With minibatches or gradient accumulation, the trainer computes the
+denominator once over the whole optimizer batch and passes it as `denominator=`; the minibatch
+losses (and gradients) then sum exactly to those of the full batch.
+
+Argument errors (shapes, unknown mode strings, out-of-range constants) raise `ValueError` at trace
+time, naming the argument.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+AGGREGATE_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                   "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3")
+RATIOS = ("token", "sequence", "sequence_token")
+SURROGATES = ("clip", "sapo", "cispo")
+
+LOG_RATIO_CLAMP = 20.0  # per-token |log ρ| bound: exp(20) ≈ 5e8 is finite in float32
+SEQ_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's log s_i
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
+# --------------------------------------------------------------------------------------------------
+# Argument checks (trace time)
+# --------------------------------------------------------------------------------------------------
+
+def _static_float(x):
+    """`x` as a Python float when its value is known at trace time, else None."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_choice(fn, name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{fn}: {name} must be one of {choices}, got {value!r}")
+
+
+def _check_shape(fn, name, x, shape):
+    if jnp.shape(x) != tuple(shape):
+        raise ValueError(f"{fn}: {name} must have shape {tuple(shape)}, got {jnp.shape(x)}")
+
+
+def _check_2d(fn, name, x):
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"{fn}: {name} must be 2-D (N, T), got shape {jnp.shape(x)}")
+
+
+def _check_positive(fn, name, x):
+    if jnp.ndim(x) != 0:
+        raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(x)}")
+    v = _static_float(x)
+    if v is not None and not v > 0:
+        raise ValueError(f"{fn}: {name} must be > 0, got {v}")
+
+
+def _check_denominator(fn, denominator):
+    if denominator is not None and jnp.ndim(denominator) != 0:
+        raise ValueError(f"{fn}: denominator must be a scalar, got shape {jnp.shape(denominator)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Small masked statistics (over valid tokens)
+# --------------------------------------------------------------------------------------------------
+
+def _token_mean(x, m):
+    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1).astype(jnp.float32)
+
+
+def _token_var(x, m):
+    """Population variance over valid tokens (0 when nothing is valid)."""
+    mean = _token_mean(x, m)
+    return _token_mean(jnp.square(x - mean), m)
+
+
+# --------------------------------------------------------------------------------------------------
+# KL estimators
+# --------------------------------------------------------------------------------------------------
+
+def kl_penalty(logp, ref_logp, kind="k3"):
+    """Per-token estimator of KL(π_θ ‖ π_ref) from tokens sampled from π_θ (Schulman, 2020).
+
+    With d = ref_logp − logp: k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, low
+    variance), k3 = e^d − d − 1 (unbiased, ≥ 0). For k3, d is clamped to ±20 so e^d stays finite.
+
+    Args:
+      logp: (...) log π_θ of the sampled tokens.
+      ref_logp: same shape, log π_ref of the same tokens.
+      kind: 'k1' | 'k2' | 'k3'.
+
+    Returns:
+      float32 array of logp's shape (not masked: aggregate it with `aggregate`).
+    """
+    fn = "kl_penalty"
+    _check_choice(fn, "kind", kind, KL_KINDS)
+    _check_shape(fn, "ref_logp", ref_logp, jnp.shape(logp))
+    d = jnp.asarray(ref_logp, jnp.float32) - jnp.asarray(logp, jnp.float32)
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * jnp.square(d)
+    d = jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # expm1 keeps k3 accurate (and ≥ 0) when d is tiny, where e^d − 1 would cancel.
+    return jnp.expm1(d) - d
+
+
+# --------------------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------------------
+
+def _agg_args(fn, x, mask, mode):
+    _check_choice(fn, "mode", mode, AGGREGATE_MODES)
+    _check_2d(fn, "mask", mask)
+    if x is not None:
+        _check_shape(fn, "x", x, jnp.shape(mask))
+    return jnp.asarray(mask) != 0
+
+
+def _sum(x, m, mode):
+    xm = jnp.where(m, jnp.asarray(x, jnp.float32), 0.0)
+    if mode == "seq-mean-token-mean":
+        lengths = jnp.sum(m, axis=1).astype(jnp.float32)
+        # Empty rows have row sum 0, so dividing them by 1 adds nothing.
+        return jnp.sum(jnp.sum(xm, axis=1) / jnp.maximum(lengths, 1.0))
+    # token-mean, seq-mean-token-sum and seq-mean-token-sum-norm share the plain masked sum.
+    return jnp.sum(xm)
+
+
+def _denominator(m, mode, norm_length):
+    if mode == "token-mean":
+        return jnp.sum(m).astype(jnp.float32)
+    if mode == "seq-mean-token-sum-norm":
+        length = m.shape[1] if norm_length is None else norm_length
+        return jnp.asarray(m.shape[0] * length, jnp.float32)
+    return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)  # non-empty rows
+
+
+def _check_norm_length(fn, norm_length):
+    if norm_length is not None:
+        _check_positive(fn, "norm_length", norm_length)
+
+
+def aggregate_sum(x, mask, mode):
+    """Numerator of `aggregate`: additive over rows, so minibatch sums add up to the batch sum.
+
+    token-mean, seq-mean-token-sum, seq-mean-token-sum-norm: Σ_it x·m;
+    seq-mean-token-mean: Σ_i (Σ_t x·m)/|o_i| over non-empty rows.
+
+    Args:
+      x: (N,T) per-token quantity.
+      mask: (N,T) valid-token mask.
+      mode: one of AGGREGATE_MODES.
+
+    Returns:
+      float32 scalar.
+    """
+    m = _agg_args("aggregate_sum", x, mask, mode)
+    return _sum(x, m, mode)
+
+
+def aggregate_denominator(mask, mode, *, norm_length=None):
+    """Denominator of `aggregate` for this mask: additive over rows.
+
+    token-mean: Σ m; seq-mean-*: number of rows with at least one valid token;
+    seq-mean-token-sum-norm: N·L with L = norm_length (default T).
+
+    Args:
+      mask: (N,T) valid-token mask.
+      mode: one of AGGREGATE_MODES.
+      norm_length: L > 0 for seq-mean-token-sum-norm (ignored by the other modes).
+
+    Returns:
+      float32 scalar.
+    """
+    fn = "aggregate_denominator"
+    m = _agg_args(fn, None, mask, mode)
+    _check_norm_length(fn, norm_length)
+    return _denominator(m, mode, norm_length)
+
+
+def aggregate_parts(x, mask, mode, *, norm_length=None):
+    """The (sum, denominator) form of `aggregate`: both float32 scalars."""
+    fn = "aggregate_parts"
+    m = _agg_args(fn, x, mask, mode)
+    _check_norm_length(fn, norm_length)
+    return _sum(x, m, mode), _denominator(m, mode, norm_length)
+
+
+def aggregate(x, mask, mode, *, norm_length=None):
+    """Reduce a per-token quantity to a scalar (DESIGN section 5, "Aggregation").
+
+    token-mean: Σ x·m / Σ m (DAPO); seq-mean-token-mean: mean over non-empty rows of the row's
+    token mean (GRPO, GSPO); seq-mean-token-sum: mean over non-empty rows of the row's token sum;
+    seq-mean-token-sum-norm: Σ x·m / (N·L) (Dr. GRPO).
+
+    Args:
+      x: (N,T) per-token quantity.
+      mask: (N,T) valid-token mask.
+      mode: one of AGGREGATE_MODES.
+      norm_length: L for seq-mean-token-sum-norm, default T.
+
+    Returns:
+      float32 scalar, aggregate_sum / max(aggregate_denominator, tiny): 0 for an empty batch.
+    """
+    s, d = aggregate_parts(x, mask, mode, norm_length=norm_length)
+    return s / jnp.maximum(d, _TINY)
+
+
+def _reduce(per_token, m, mode, norm_length, denominator):
+    """Aggregate `per_token`, dividing by the trainer's global `denominator` when given."""
+    s = _sum(per_token, m, mode)
+    d = _denominator(m, mode, norm_length) if denominator is None else jnp.asarray(
+        denominator, jnp.float32)
+    return s / jnp.maximum(d, _TINY)
+
+
+# --------------------------------------------------------------------------------------------------
+# Policy loss
+# --------------------------------------------------------------------------------------------------
+
+def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="clip",
+                clip_low=0.2, clip_high=0.2, dual_clip=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+                cispo_max=5.0, aggregate="token-mean", norm_length=None, denominator=None):
+    """Policy-gradient surrogate loss (to minimize) and its diagnostics.
+
+    Importance ratio (ℓ_t = logp_t − old_logp_t clamped to ±20, |o_i| = Σ_t m_it):
+      'token'          ρ_it = exp(ℓ_it)                                 PPO, GRPO, DAPO, Dr. GRPO
+      'sequence'       ρ_it = s_i, log s_i = min(Σ_t m·ℓ / |o_i|, 10)   GSPO (gradient through
+                                                                        the mean)
+      'sequence_token' log ρ_it = logp_t − sg(logp_t) + sg(log s_i)     GSPO-token
+    Surrogate per token (A the advantage):
+      'clip'   −min(ρA, clip(ρ, 1−clip_low, 1+clip_high)·A); with dual_clip c > 1 and A < 0,
+               min(that, −c·A)
+      'sapo'   −σ(τ(ρ−1))·(4/τ)·A, τ = sapo_tau_pos if A > 0 else sapo_tau_neg
+      'cispo'  −sg(min(ρ, cispo_max))·A·logp
+    then reduced with `aggregate` (or divided by the global `denominator`).
+
+    Args:
+      logp: (N,T) log π_θ of the sampled tokens (differentiated).
+      old_logp: (N,T) log π_old of the same tokens (the rollout's; not differentiated).
+      advantages: (N,) per sequence (broadcast over tokens) or (N,T) per token.
+      mask: (N,T) valid-token mask.
+      ratio, surrogate, aggregate: mode strings above / AGGREGATE_MODES.
+      clip_low: in [0, 1). clip_high: >= 0 (clip-higher when > clip_low). dual_clip: None or > 1
+        ('clip' only). sapo_tau_pos, sapo_tau_neg, cispo_max: > 0.
+      norm_length: L of 'seq-mean-token-sum-norm'.
+      denominator: None, or a scalar aggregate_denominator(...) over the whole optimizer batch: the
+        loss is then aggregate_sum(...) / denominator, so minibatch losses add up to the batch loss.
+
+    Returns:
+      (loss, metrics): loss a float32 scalar; metrics a dict of float32 scalars (no gradient), all
+      over valid tokens of this call: 'clipfrac' (tokens where any clip is active, dual clip
+      included), 'clipfrac_low' (A < 0 and ρ < 1−clip_low), 'clipfrac_high' (A > 0 and ρ >
+      1+clip_high); for 'sapo' these count the tokens the hard clip would clip, for 'cispo'
+      'clipfrac' = 'clipfrac_high' is the fraction with ρ > cispo_max and 'clipfrac_low' is 0;
+      'approx_kl' (token-mean k3 estimate of KL(π_old ‖ π_θ) from per-token ratios), 'ratio_mean',
+      'ratio_min', 'ratio_max' (of the ρ used; 1 for an empty batch). They ignore `denominator`:
+      to combine micro-batches, weight each by its number of valid tokens.
+    """
+    fn = "policy_loss"
+    _check_choice(fn, "ratio", ratio, RATIOS)
+    _check_choice(fn, "surrogate", surrogate, SURROGATES)
+    _check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
+    _check_2d(fn, "logp", logp)
+    shape = jnp.shape(logp)
+    _check_shape(fn, "old_logp", old_logp, shape)
+    _check_shape(fn, "mask", mask, shape)
+    if jnp.shape(advantages) not in (shape, shape[:1]):
+        raise ValueError(f"{fn}: advantages must have shape {shape[:1]} or {shape}, "
+                         f"got {jnp.shape(advantages)}")
+    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(value)}")
+    lo_v, hi_v = _static_float(clip_low), _static_float(clip_high)
+    if lo_v is not None and not 0.0 <= lo_v < 1.0:
+        raise ValueError(f"{fn}: clip_low must be in [0, 1), got {lo_v}")
+    if hi_v is not None and not hi_v >= 0.0:
+        raise ValueError(f"{fn}: clip_high must be >= 0, got {hi_v}")
+    if dual_clip is not None:
+        if surrogate != "clip":
+            raise ValueError(f"{fn}: dual_clip applies only to surrogate='clip', "
+                             f"got surrogate={surrogate!r}")
+        if jnp.ndim(dual_clip) != 0:
+            raise ValueError(f"{fn}: dual_clip must be a scalar, got shape {jnp.shape(dual_clip)}")
+        c = _static_float(dual_clip)
+        if c is not None and not c > 1.0:
+            raise ValueError(f"{fn}: dual_clip must be > 1, got {c}")
+    _check_positive(fn, "sapo_tau_pos", sapo_tau_pos)
+    _check_positive(fn, "sapo_tau_neg", sapo_tau_neg)
+    _check_positive(fn, "cispo_max", cispo_max)
+    _check_norm_length(fn, norm_length)
+    _check_denominator(fn, denominator)
+
+    m = jnp.asarray(mask) != 0
+    # Sanitize first: masked positions become 0 and cannot put NaN/inf into values or gradients.
+    logp = jnp.where(m, jnp.asarray(logp, jnp.float32), 0.0)
+    old_logp = jnp.where(m, jnp.asarray(old_logp, jnp.float32), 0.0)
+    adv = jnp.asarray(advantages, jnp.float32)
+    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
+
+    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N,T)
+    if ratio == "token":
+        log_rho = log_ratio
+    else:
+        lengths = jnp.sum(m, axis=1).astype(jnp.float32)
+        # The mean of per-token values in [−20, 20] is itself ≥ −20, where exp underflows
+        # harmlessly to ~2e-9; only the upper side can overflow and needs the tighter clamp.
+        log_s = jnp.minimum(jnp.sum(log_ratio, axis=1) / jnp.maximum(lengths, 1.0),
+                            SEQ_LOG_RATIO_MAX)[:, None]  # (N,1)
+        if ratio == "sequence":
+            log_rho = jnp.broadcast_to(log_s, shape)
+        else:
+            log_rho = logp - lax.stop_gradient(logp) + lax.stop_gradient(log_s)
+    rho = jnp.exp(jnp.where(m, log_rho, 0.0))  # (N,T), 1 on masked positions
+
+    lo = 1.0 - jnp.asarray(clip_low, jnp.float32)
+    hi = 1.0 + jnp.asarray(clip_high, jnp.float32)
+    clipped_low = (adv < 0) & (rho < lo)  # where PPO's clip zeroes the gradient
+    clipped_high = (adv > 0) & (rho > hi)
+    if surrogate == "clip":
+        per_token = jnp.maximum(-adv * rho, -adv * jnp.clip(rho, lo, hi))
+        clipped = clipped_low | clipped_high
+        if dual_clip is not None:
+            c = jnp.asarray(dual_clip, jnp.float32)
+            # For A < 0 the unclipped loss −ρA grows without bound in ρ; cap it at −c·A.
+            per_token = jnp.where(adv < 0, jnp.minimum(per_token, -c * adv), per_token)
+            clipped = clipped | ((adv < 0) & (rho > c))
+    elif surrogate == "sapo":
+        tau = jnp.where(adv > 0, jnp.asarray(sapo_tau_pos, jnp.float32),
+                        jnp.asarray(sapo_tau_neg, jnp.float32))
+        # The 4/τ factor makes d/dρ of the gate equal 1 at ρ = 1 (σ'(0) = 1/4).
+        per_token = -jax.nn.sigmoid(tau * (rho - 1.0)) * (4.0 / tau) * adv
+        clipped = clipped_low | clipped_high
+    else:
+        cap = jnp.asarray(cispo_max, jnp.float32)
+        weight = lax.stop_gradient(jnp.minimum(rho, cap))
+        per_token = -weight * adv * logp
+        clipped_high = rho > cap
+        clipped_low = jnp.zeros_like(clipped_high)
+        clipped = clipped_high
+
+    loss = _reduce(per_token, m, aggregate, norm_length, denominator)
+
+    any_valid = jnp.any(m)
+    one = jnp.float32(1.0)
+    metrics = {
+        "clipfrac": _token_mean(clipped.astype(jnp.float32), m),
+        "clipfrac_low": _token_mean(clipped_low.astype(jnp.float32), m),
+        "clipfrac_high": _token_mean(clipped_high.astype(jnp.float32), m),
+        "approx_kl": _token_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": jnp.where(any_valid, _token_mean(rho, m), one),
+        "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(m, rho, jnp.inf)), one),
+        "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(m, rho, -jnp.inf)), one),
+    }
+    return loss, jax.tree_util.tree_map(lax.stop_gradient, metrics)
+
+
+# --------------------------------------------------------------------------------------------------
+# Value loss
+# --------------------------------------------------------------------------------------------------
+
+def value_loss(values, old_values, returns, mask, *, clip=None, aggregate="token-mean",
+               norm_length=None, denominator=None):
+    """Clipped value loss ½·aggregate(max((V−R)², (clip(V, V_old ± c) − R)²)) and diagnostics.
+
+    Args:
+      values: (N,T) V_φ(s_t) being trained (differentiated).
+      old_values: (N,T) values at the rollout.
+      returns: (N,T) value targets (GAE returns).
+      mask: (N,T) valid-token mask.
+      clip: None (plain squared error) or c > 0.
+      aggregate: one of AGGREGATE_MODES; norm_length: L of 'seq-mean-token-sum-norm'.
+      denominator: None, or the global aggregate_denominator of the optimizer batch (see
+        `policy_loss`).
+
+    Returns:
+      (loss, metrics): metrics over valid tokens: 'clipfrac' (the clipped branch is larger),
+      'explained_var' 1 − Var(R−V)/Var(R) (0 when Var(R) = 0), 'mean' (mean of V).
+    """
+    fn = "value_loss"
+    _check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
+    _check_2d(fn, "values", values)
+    shape = jnp.shape(values)
+    _check_shape(fn, "old_values", old_values, shape)
+    _check_shape(fn, "returns", returns, shape)
+    _check_shape(fn, "mask", mask, shape)
+    if clip is not None:
+        _check_positive(fn, "clip", clip)
+    _check_norm_length(fn, norm_length)
+    _check_denominator(fn, denominator)
+
+    m = jnp.asarray(mask) != 0
+    v = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
+    v_old = jnp.where(m, jnp.asarray(old_values, jnp.float32), 0.0)
+    r = jnp.where(m, jnp.asarray(returns, jnp.float32), 0.0)
+
+    err = jnp.square(v - r)
+    if clip is None:
+        per_token = err
+        clipfrac = jnp.float32(0.0)
+    else:
+        c = jnp.asarray(clip, jnp.float32)
+        err_clipped = jnp.square(v_old + jnp.clip(v - v_old, -c, c) - r)
+        per_token = jnp.maximum(err, err_clipped)
+        clipfrac = _token_mean((err_clipped > err).astype(jnp.float32), m)
+    loss = 0.5 * _reduce(per_token, m, aggregate, norm_length, denominator)
+
+    var_r = _token_var(r, m)
+    explained = jnp.where(var_r > 0, 1.0 - _token_var(r - v, m) / jnp.where(var_r > 0, var_r, 1.0),
+                          0.0)
+    metrics = {"clipfrac": clipfrac, "explained_var": explained, "mean": _token_mean(v, m)}
+    return loss, jax.tree_util.tree_map(lax.stop_gradient, metrics)
+
+
+# --------------------------------------------------------------------------------------------------
+# Entropy
+# --------------------------------------------------------------------------------------------------
+
+def entropy_from_logits(logits, mask, temperature=1.0):
+    """Per-token entropy H = −Σ_v p_v log p_v of softmax(logits / temperature), in float32.
+
+    Every token is independent, so it can be called on a chunk of the sequence (N,t,V) at a time to
+    bound memory. Logits of −inf (banned tokens) are allowed: they contribute 0, with finite
+    gradients.
+
+    Args:
+      logits: (..., V) any float dtype.
+      mask: logits.shape[:-1], 1 on valid tokens.
+      temperature: scalar > 0, the sampler's.
+
+    Returns:
+      float32 array of shape logits.shape[:-1], 0 where mask is 0.
+    """
+    fn = "entropy_from_logits"
+    if jnp.ndim(logits) < 1:
+        raise ValueError(f"{fn}: logits must have a vocabulary axis, got shape {jnp.shape(logits)}")
+    _check_shape(fn, "mask", mask, jnp.shape(logits)[:-1])
+    _check_positive(fn, "temperature", temperature)
+    z = jnp.asarray(logits, jnp.float32) / jnp.asarray(temperature, jnp.float32)
+    logp = jax.nn.log_softmax(z, axis=-1)
+    p = jnp.exp(logp)
+    # p = 0 where logits are −inf: zero log p there first, so 0·(−inf) makes no NaN, not even in
+    # the backward pass.
+    h = -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
+    return jnp.where(jnp.asarray(mask) != 0, h, 0.0)

@@ -1,0 +1,80 @@
+"""Rewards: the registry, the weighted combination and the built-in reward functions.
+
+A reward is `fn(prompts, completions, **columns) -> list[float | None]`; see `registry` for the
+contract and docs/rewards.md for a guide. Importing this package registers the built-ins:
+`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`; `reward_model` (a learned
+reward model, `jaxrl_llm.rewards.model`) is imported on first use by name.
+"""
+
+from jaxrl_llm.rewards.code import (
+    SandboxResult,
+    code_tests,
+    extract_code,
+    parse_tests,
+    run_code_tests,
+    run_sandboxed,
+    sandbox_layers,
+)
+from jaxrl_llm.rewards.format import DEFAULT_FORMAT_PATTERN, format_reward
+from jaxrl_llm.rewards.math import (
+    extract_answer,
+    math_answer,
+    normalize_answer,
+    parse_number,
+    reference_answer,
+    score_answer,
+)
+from jaxrl_llm.rewards.registry import (
+    RewardError,
+    RewardFn,
+    compute_rewards,
+    get_reward_fn,
+    register_reward,
+    registered_rewards,
+)
+from jaxrl_llm.rewards.shaping import (
+    length_penalty,
+    linear_length_penalty,
+    overlong_penalty,
+    overlong_reward,
+)
+
+
+def __getattr__(name: str):
+    # `RewardModel` pulls in JAX and the model code: imported on first access only, so scoring with
+    # verifiable rewards stays light.
+    if name == "RewardModel":
+        from jaxrl_llm.rewards.model import RewardModel
+
+        return RewardModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "RewardModel",
+    "DEFAULT_FORMAT_PATTERN",
+    "RewardError",
+    "RewardFn",
+    "SandboxResult",
+    "code_tests",
+    "compute_rewards",
+    "extract_answer",
+    "extract_code",
+    "format_reward",
+    "get_reward_fn",
+    "length_penalty",
+    "linear_length_penalty",
+    "math_answer",
+    "normalize_answer",
+    "overlong_penalty",
+    "overlong_reward",
+    "parse_number",
+    "parse_tests",
+    "reference_answer",
+    "register_reward",
+    "registered_rewards",
+    "run_code_tests",
+    "run_sandboxed",
+    "sandbox_layers",
+    "score_answer",
+]

@@ -1,0 +1,347 @@
+"""Reward registry, spec resolution and the weighted combination of reward functions.
+
+A reward function has the TRL-style signature
+
+    fn(prompts: list[str], completions: list[str], **columns) -> Sequence[float | None]   # (N,)
+
+where `columns` holds the dataset row's other fields as lists aligned with the rows (e.g.
+`answer=[...]`) plus the trainer-provided fields `completion_lengths` (list[int], generated tokens
+including EOS), `truncated` (list[bool]) and the scalar `max_completion_length` (int). Reward
+functions accept and ignore columns they do not use (`**kwargs`). `None` means "not applicable".
+
+`compute_rewards` calls every function once on the whole batch and combines them:
+score_i = Σ_f w_f · r_f,i over the functions whose value on row i is not None.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+RewardFn = Callable[..., Sequence[Any]]
+
+# name -> (object, is_factory). A factory takes configuration kwargs and returns a reward function.
+_REGISTRY: dict[str, tuple[Callable[..., Any], bool]] = {}
+_FACTORY_ATTR = "__jaxrl_reward_factory__"
+# Built-ins whose module is heavy (JAX models): imported, hence registered, on first use by name.
+_LAZY_BUILTINS = {"reward_model": "jaxrl_llm.rewards.model"}
+_RESERVED_COLUMNS = ("prompts", "completions")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class RewardError(ValueError):
+    """A reward function raised or broke its contract. `reward` names it, `row` is the row or None."""
+
+    def __init__(self, message: str, *, reward: str, row: int | None = None):
+        super().__init__(message)
+        self.reward = reward
+        self.row = row
+
+
+def register_reward(name: str, *, factory: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a reward function (or, with `factory=True`, a function returning one).
+
+    Registered names are what configs refer to, e.g. `get_reward_fn("math_answer")`. Re-registering
+    the same object under the same name is a no-op (module reloads); another object is an error.
+    """
+    if not isinstance(name, str) or not name or any(c in name for c in ":/ ") or name != name.strip():
+        raise ValueError(f"reward name must be a non-empty string without ':', '/' or spaces, got {name!r}")
+
+    def decorator(obj: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(obj):
+            raise ValueError(f"register_reward({name!r}) must decorate a callable, got {type(obj).__name__}")
+        previous = _REGISTRY.get(name)
+        if previous is not None and previous[0] is not obj:
+            raise ValueError(f"reward name {name!r} is already registered to {_describe(previous[0])}")
+        _REGISTRY[name] = (obj, factory)
+        if factory:
+            # Lets `module:function` import paths know the target is a factory, not a reward.
+            setattr(obj, _FACTORY_ATTR, True)
+        return obj
+
+    return decorator
+
+
+def registered_rewards() -> list[str]:
+    """Sorted names accepted by `get_reward_fn`."""
+    return sorted(set(_REGISTRY) | set(_LAZY_BUILTINS))
+
+
+def get_reward_fn(spec: str, **kwargs: Any) -> tuple[str, RewardFn]:
+    """Resolves `spec` to `(name, reward_fn)`.
+
+    spec: a registered name (`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, ...)
+      or an import path `package.module:function` (the attribute may be dotted, `module:obj.attr`).
+    kwargs: configuration. A factory is called with them; a plain reward function gets them bound as
+      keyword arguments. Either way they must name parameters the target declares.
+    The name is the registry name, or the attribute part of an import path.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward spec must be a registry name or 'module:function', got {spec!r}")
+    spec = spec.strip()
+    if ":" in spec:
+        name = spec.split(":", 1)[1]
+        obj = _import_path(spec)
+        is_factory = bool(getattr(obj, _FACTORY_ATTR, False))
+    else:
+        if spec not in _REGISTRY and spec in _LAZY_BUILTINS:
+            _import_path(f"{_LAZY_BUILTINS[spec]}:{spec}")  # registers it
+        if spec not in _REGISTRY:
+            raise ValueError(
+                f"unknown reward {spec!r}; registered rewards: {', '.join(registered_rewards())} "
+                "(or use an import path 'package.module:function')"
+            )
+        name = spec
+        obj, is_factory = _REGISTRY[spec]
+    if is_factory:
+        _check_kwargs(name, obj, kwargs)
+        try:
+            inspect.signature(obj).bind(**kwargs)
+        except TypeError as e:  # e.g. a required option left out of the config
+            raise ValueError(f"reward {name!r}: {e}") from e
+        except ValueError:
+            pass  # no signature to check against: let the call decide
+        fn = obj(**kwargs)
+        if not callable(fn):
+            raise ValueError(f"reward factory {name!r} returned {type(fn).__name__}, expected a callable")
+        return name, fn
+    if not kwargs:
+        return name, obj
+    _check_kwargs(name, obj, kwargs)
+    return name, _bind(obj, kwargs)
+
+
+def compute_rewards(
+    reward_fns: Sequence[tuple[str, RewardFn, float]],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    columns: Mapping[str, Any] | None = None,
+    *,
+    on_error: str = "raise",
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Calls each reward function on the batch and returns the weighted sum and metrics.
+
+    reward_fns: (name, fn, weight) triples; names must be unique (they key the metrics).
+    prompts, completions: N strings each.
+    columns: extra keyword arguments for every fn. Sequences (list, tuple, 1-D array) must have N
+      entries and are row-aligned; scalars (e.g. `max_completion_length`) are passed unchanged.
+    on_error: 'raise' -> a fn that raises is re-run row by row and the error names the fn and the
+      first failing row; 'zero' -> the failing rows score 0 and are counted in `reward/<name>/errors`.
+      Invalid returns (wrong length, non-numeric, NaN/inf, float32 overflow) always raise: they are
+      bugs in the function, and zeroing them would silently train on garbage.
+    Returns scores (N,) float32 and metrics `reward/<name>/mean` (over non-None rows; omitted when
+      every row is None), `reward/<name>/none_frac` and `reward/<name>/errors` (rows zeroed).
+    """
+    if on_error not in ("raise", "zero"):
+        raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
+    n = _check_texts(prompts, completions)
+    columns = _check_columns(columns, n)
+    names = [_check_triple(i, t) for i, t in enumerate(reward_fns)]
+    duplicates = sorted({x for x in names if names.count(x) > 1})
+    if duplicates:
+        raise ValueError(f"reward_fns names must be unique (they key the metrics), repeated: {duplicates}")
+
+    prompts, completions = list(prompts), list(completions)
+    scores = np.zeros((n,), np.float32)
+    metrics: dict[str, float] = {}
+    for name, fn, weight in reward_fns:
+        values, present, errors = _evaluate(name, fn, prompts, completions, columns, on_error)
+        # float32 from the first array: the weight is cast so the product never widens to float64.
+        with np.errstate(over="ignore"):  # overflow is reported below, once, as an error
+            scores += np.where(present, np.float32(weight) * values, np.float32(0.0))
+        count = int(present.sum())
+        if count:
+            metrics[f"reward/{name}/mean"] = float(values[present].astype(np.float64).mean())
+        metrics[f"reward/{name}/none_frac"] = float(n - count) / n
+        metrics[f"reward/{name}/errors"] = float(errors)
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("the weighted sum of rewards overflows float32; check the reward weights")
+    return scores, metrics
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _evaluate(name, fn, prompts, completions, columns, on_error):
+    """Returns values (N,) float32, present (N,) bool, number of rows zeroed by errors."""
+    n = len(prompts)
+    try:
+        out = fn(prompts, completions, **columns)
+    except Exception as batch_error:  # noqa: BLE001 - any user error is reported with its row
+        return _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error)
+    values, present = _to_values(name, out, n)
+    return values, present, 0
+
+
+def _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error):
+    """Re-runs `fn` one row at a time to find (and, with on_error='zero', zero) the failing rows."""
+    n = len(prompts)
+    values = np.zeros((n,), np.float32)
+    present = np.zeros((n,), bool)
+    errors = 0
+    for i in range(n):
+        row_columns = {k: (v[i : i + 1] if _is_sequence(v) else v) for k, v in columns.items()}
+        try:
+            out = fn(prompts[i : i + 1], completions[i : i + 1], **row_columns)
+        except Exception as row_error:  # noqa: BLE001
+            if on_error == "raise":
+                raise RewardError(
+                    f"reward {name!r} raised on row {i}: {_one_line(row_error)}", reward=name, row=i
+                ) from row_error
+            errors += 1
+            present[i] = True  # the row "gets 0": it counts in the mean, like any other 0
+            continue
+        row_values, row_present = _to_values(name, out, 1, row_offset=i)
+        values[i], present[i] = row_values[0], row_present[0]
+    if errors == 0 and on_error == "raise":
+        raise RewardError(
+            f"reward {name!r} raised on the batch of {n} rows but on no single row: {_one_line(batch_error)}",
+            reward=name,
+        ) from batch_error
+    return values, present, errors
+
+
+def _to_values(name: str, out: Any, n: int, row_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Validates a reward function's return; returns values (n,) float32 and present (n,) bool."""
+    if isinstance(out, np.ndarray):
+        if out.ndim != 1:
+            raise RewardError(f"reward {name!r} returned an array of shape {out.shape}, expected ({n},)", reward=name)
+        out = out.tolist()
+    elif not isinstance(out, (list, tuple)):
+        raise RewardError(
+            f"reward {name!r} returned {type(out).__name__}, expected a list of {n} floats or None", reward=name
+        )
+    if len(out) != n:
+        raise RewardError(f"reward {name!r} returned {len(out)} values for {n} rows", reward=name)
+    values = np.zeros((n,), np.float32)
+    present = np.zeros((n,), bool)
+    for i, v in enumerate(out):
+        row = i + row_offset
+        if v is None:
+            continue
+        if isinstance(v, (bool, np.bool_, numbers.Real)):  # numbers.Real covers NumPy scalars
+            v = float(v)
+        else:
+            raise RewardError(
+                f"reward {name!r} returned a non-numeric value {v!r:.60} ({type(v).__name__}) on row {row}",
+                reward=name,
+                row=row,
+            )
+        if not math.isfinite(v):
+            raise RewardError(f"reward {name!r} returned {v} on row {row}", reward=name, row=row)
+        if abs(v) > _FLOAT32_MAX:
+            raise RewardError(f"reward {name!r} returned {v} on row {row}, which overflows float32", reward=name, row=row)
+        values[i], present[i] = v, True
+    return values, present
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_texts(prompts, completions) -> int:
+    for arg, texts in (("prompts", prompts), ("completions", completions)):
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValueError(f"{arg} must be a list of strings, got {type(texts).__name__}")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ValueError(f"{arg}[{i}] must be a string, got {type(t).__name__}")
+    if len(prompts) != len(completions):
+        raise ValueError(f"prompts has {len(prompts)} rows but completions has {len(completions)}")
+    if not prompts:
+        raise ValueError("prompts is empty: there is nothing to score")
+    return len(prompts)
+
+
+def _check_columns(columns, n: int) -> dict[str, Any]:
+    columns = dict(columns or {})
+    for key, value in columns.items():
+        if key in _RESERVED_COLUMNS:
+            raise ValueError(f"columns must not contain {key!r}: it is passed positionally")
+        if _is_sequence(value):
+            if isinstance(value, np.ndarray) and value.ndim != 1:
+                raise ValueError(f"column {key!r} must be 1-D with {n} rows, got shape {value.shape}")
+            if len(value) != n:
+                raise ValueError(f"column {key!r} has {len(value)} rows, expected {n}")
+    return columns
+
+
+def _check_triple(i: int, triple: Any) -> str:
+    if not isinstance(triple, (tuple, list)) or len(triple) != 3:
+        raise ValueError(f"reward_fns[{i}] must be a (name, fn, weight) triple, got {triple!r:.80}")
+    name, fn, weight = triple
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward_fns[{i}] name must be a non-empty string, got {name!r}")
+    if not callable(fn):
+        raise ValueError(f"reward_fns[{i}] ({name!r}) fn is not callable: {type(fn).__name__}")
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+        raise ValueError(f"reward_fns[{i}] ({name!r}) weight must be a finite number, got {weight!r}")
+    return name
+
+
+def _check_kwargs(name: str, obj: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """Config kwargs must name declared parameters: a typo must not vanish into **kwargs."""
+    if not kwargs:
+        return
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return  # builtins without a signature: let the call decide
+    accepted = [
+        p
+        for p, v in params.items()
+        if v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD) and p not in _RESERVED_COLUMNS
+    ]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"reward {name!r} got unknown option(s) {unknown}; accepted: {', '.join(accepted) or 'none'}"
+        )
+
+
+def _bind(fn: Callable[..., Any], config: Mapping[str, Any]) -> RewardFn:
+    config = dict(config)
+
+    def bound(prompts, completions, **columns):
+        return fn(prompts, completions, **{**columns, **config})
+
+    bound.__name__ = getattr(fn, "__name__", "reward")
+    bound.__doc__ = fn.__doc__
+    bound.__wrapped__ = fn
+    return bound
+
+
+def _import_path(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward import path must look like 'package.module:function', got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - import errors of user modules come in every flavour
+        raise ValueError(f"cannot import reward {spec!r}: {_one_line(e)}") from e
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise ValueError(f"cannot import reward {spec!r}: {module_name!r} has no attribute {attr!r}") from e
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -1,0 +1,201 @@
+"""`math_answer`: answer extraction, comparison by value, and the sympy time limit."""
+
+import threading
+import time
+from fractions import Fraction
+
+import pytest
+
+from jaxrl_llm.rewards import get_reward_fn
+from jaxrl_llm.rewards import math as math_reward
+from jaxrl_llm.rewards.math import (
+    extract_answer,
+    math_answer,
+    normalize_answer,
+    parse_number,
+    reference_answer,
+    score_answer,
+)
+
+GSM8K_REFERENCE = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+# (completion, reference, expected score). Grouped by what they exercise.
+CASES = [
+    # integers, decimals, 3.0 == 3
+    (r"The answer is \boxed{72}.", "72", 1.0),
+    (r"The answer is \boxed{72}.", "73", 0.0),
+    (r"\boxed{3.0}", "3", 1.0),
+    (r"\boxed{3.00}", "3", 1.0),
+    (r"\boxed{3}", "3.5", 0.0),
+    (r"\boxed{.5}", "1/2", 1.0),
+    (r"\boxed{1e3}", "1000", 1.0),
+    # thousands separators
+    (r"\boxed{1,234}", "1234", 1.0),
+    (r"\boxed{1,234,567}", "1234567", 1.0),
+    (r"\boxed{1{,}000}", "1000", 1.0),
+    (r"\boxed{1\,000}", "1000", 1.0),
+    ("So she pays $1,234.50 in total.", "1234.5", 1.0),
+    ("#### 1,000", "#### 1000", 1.0),
+    # fractions, LaTeX fractions, mixed numbers; 1/2 == 0.5
+    (r"The answer is \boxed{\frac{1}{2}}.", "0.5", 1.0),
+    (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{\tfrac{2}{4}}", "1/2", 1.0),
+    (r"\boxed{\frac12}", "0.5", 1.0),
+    (r"\boxed{\frac{3}{4}}", r"\frac{6}{8}", 1.0),
+    (r"\boxed{1\frac{1}{2}}", "3/2", 1.0),
+    ("The answer is 3/4.", "0.75", 1.0),
+    (r"\boxed{0.3333}", "1/3", 0.0),
+    # negative numbers
+    (r"\boxed{-7}", "-7", 1.0),
+    (r"\boxed{-7}", "7", 0.0),
+    (r"\boxed{−3}", "-3", 1.0),  # unicode minus
+    (r"\boxed{-\dfrac{3}{4}}", "-0.75", 1.0),
+    ("The temperature dropped to -12 degrees.", "-12", 1.0),
+    ("We compute 10-4 = 6", "6", 1.0),  # a binary minus is not a sign
+    (r"\boxed{-0}", "0", 1.0),
+    # percentages: x% matches x and x/100
+    (r"\boxed{50\%}", "50", 1.0),
+    (r"\boxed{50\%}", "0.5", 1.0),
+    (r"\boxed{25%}", "0.5", 0.0),
+    ("The discount is 20%.", "20", 1.0),
+    # units, currency, degrees, `x =`
+    (r"\boxed{5 \text{ cm}}", "5", 1.0),
+    (r"\boxed{10\text{ km/h}}", "10", 1.0),
+    (r"\boxed{18 \text{dollars}}", "18", 1.0),
+    (r"\boxed{\$18.00}", "18", 1.0),
+    (r"\boxed{30^\circ}", "30", 1.0),
+    (r"\boxed{x = 5}", "5", 1.0),
+    (r"\boxed{2x}", "2", 0.0),  # a glued letter is algebra, not a unit
+    # multiple boxes, nesting, truncation, inline math
+    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 1.0),
+    (r"First \boxed{3}, but correcting: \boxed{4}", "3", 0.0),
+    (r"\boxed{\boxed{7}}", "7", 1.0),
+    (r"So \boxed{5}. Then maybe \boxed{6", "5", 1.0),  # an unclosed last box falls back
+    (r"\boxed 7", "7", 1.0),
+    (r"The answer is \(\boxed{42}\)", "42", 1.0),
+    # preference: box > #### > last number
+    ("Reasoning gives 12 and 15.\n#### 13", "13", 1.0),
+    (r"\boxed{13} and later 12 then 15", "13", 1.0),
+    ("Add them: 2 + 3 = 5", "5", 1.0),
+    ("She has 72 apples.\n#### 72", GSM8K_REFERENCE, 1.0),
+    ("She has 71 apples.", GSM8K_REFERENCE, 0.0),
+    # no answer
+    ("I am not sure.", "5", 0.0),
+    ("", "5", 0.0),
+    (r"\boxed{}", "5", 0.0),
+    # expressions through sympy
+    (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\sqrt{2}/2}", r"\frac{1}{\sqrt{2}}", 1.0),
+    (r"\boxed{0.7071067811865476}", r"\frac{\sqrt{2}}{2}", 1.0),
+    (r"\boxed{2\pi}", r"2\pi", 1.0),
+    (r"\boxed{2\pi}", "6.28", 0.0),
+    (r"\boxed{\sqrt{8}}", r"2\sqrt{2}", 1.0),
+    (r"\boxed{\sqrt[3]{8}}", "2", 1.0),
+    (r"\boxed{3^2}", "9", 1.0),
+    (r"\boxed{2 \cdot 3 + 1}", "7", 1.0),
+    (r"\boxed{(x+1)^2}", "x^2+2x+1", 1.0),
+    (r"\boxed{2x+1}", "x^2", 0.0),
+    # never evaluated: not a whitelisted expression
+    (r"\boxed{__import__('os').system('true')}", "0", 0.0),
+    # reference without a value: not applicable
+    (r"\boxed{5}", "yes", None),
+    (r"\boxed{5}", "", None),
+    (r"\boxed{5}", "x**", None),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", CASES)
+def test_answer_table(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+def test_table_is_large_and_covers_both_outcomes():
+    assert len(CASES) >= 40
+    assert {c[2] for c in CASES} == {0.0, 1.0, None}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"a \boxed{1} b \boxed{\frac{a}{\sqrt{b}}} c", r"\frac{a}{\sqrt{b}}"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces do not close the box
+        ("text\n#### 42\nmore 7", "42"),
+        ("#### \n8 apples", "8"),  # an empty #### falls back to the last number
+        ("the values 1, 2 and 3", "3"),
+        ("costs $5 or -$6", "-$6"),
+        ("version v1.5 only", None),
+        ("no digits", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_normalize_and_parse_number():
+    assert normalize_answer(r"x = \$1,234.50 \text{ dollars}") == "1234.50"
+    assert normalize_answer(r"\left( 3 \right)") == "( 3 )"
+    assert parse_number("1234.50") == (Fraction(2469, 2), False)
+    assert parse_number(r"-\frac{3}{4}") == (Fraction(-3, 4), False)
+    assert parse_number("12.5%") == (Fraction(25, 2), True)
+    assert parse_number(r"2\frac{1}{3}") == (Fraction(7, 3), False)
+    assert parse_number("1/0") is None
+    assert parse_number("9" * 5000) is None  # beyond int's digit limit: not a crash
+    assert reference_answer(GSM8K_REFERENCE) == "72"
+    assert reference_answer(r"\frac{1}{2}") == r"\frac{1}{2}"
+    assert reference_answer("The answer is 5") == "5"
+
+
+def test_math_answer_reward_columns():
+    completions = [r"\boxed{4}", r"\boxed{4}", "no idea", r"\boxed{0.25}"]
+    scores = math_answer(["q"] * 4, completions, answer=["4", 5, "#### 4", None], truncated=[False] * 4)
+    assert scores == [1.0, 0.0, 0.0, None]
+    assert math_answer(["q"], [r"\boxed{2.5}"], answer=[2.5]) == [1.0]
+    with pytest.raises(ValueError, match="needs the column 'answer' with 2 references"):
+        math_answer(["q"] * 2, ["a", "b"], answer=["1"])
+    with pytest.raises(ValueError, match="references must be strings or numbers, got list"):
+        math_answer(["q"], ["a"], answer=[["1"]])
+    name, fn = get_reward_fn("math_answer", sympy_timeout=1.5)
+    assert name == "math_answer" and fn(["q"], [r"\boxed{\sqrt{4}}"], answer=["2"]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{" * 20000,  # a repetition loop of unclosed boxes
+        "\\boxed{\\frac{" * 10000 + "1}{2}" + "}" * 20000,  # deep nesting
+        "\\boxed{" + "9" * 100000 + "}",  # a runaway box
+        "x = " * 20000 + "5 cm " * 20000,
+    ],
+)
+def test_degenerate_completions_stay_fast(completion):
+    start = time.perf_counter()
+    assert score_answer(completion, "7") == 0.0
+    assert time.perf_counter() - start < 1.0  # quadratic scans would take many seconds
+
+
+def test_sympy_time_limit_really_stops_a_runaway_comparison():
+    assert score_answer(r"\boxed{\sqrt{9}}", "3") == 1.0  # the worker is up: start-up not timed below
+    limit = 0.5
+    start = time.perf_counter()
+    assert score_answer(r"\boxed{9^{9^{9^{9}}}}", "5", timeout=limit) == 0.0
+    elapsed = time.perf_counter() - start
+    assert limit <= elapsed < limit + 1.0, elapsed  # measured overshoot: ~10 ms
+    assert math_reward._WORKER._proc is None  # killed, not left running
+    assert score_answer(r"\boxed{\sqrt{16}}", "4") == 1.0  # and restarted on demand
+
+
+def test_concurrent_callers_share_the_worker_safely():
+    results = {}
+
+    def work(k):
+        results[k] = [score_answer(rf"\boxed{{\sqrt{{{k * k}}}}}", str(k)) for _ in range(3)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (2, 3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {2: [1.0] * 3, 3: [1.0] * 3, 4: [1.0] * 3}

@@ -1,0 +1,65 @@
+"""The embedded default: a tiny random model learns the built-in digit puzzles on CPU in minutes.
+
+No download: the model is initialized from the seed, the tokenizer is the built-in character one and the
+task (jaxrl_llm/data/tasks.py) is generated. `arg` picks the algorithm; GRPO when absent:
+
+  python -m jaxrl_llm.train --config=configs/tiny.py --workdir=/tmp/tiny
+  python -m jaxrl_llm.train --config=configs/tiny.py:algo=ppo --workdir=/tmp/tiny_ppo
+
+Any field can be overridden, e.g. `--config.total_steps=20 --config.rollout.group_size=4`.
+"""
+from jaxrl_llm.config import ALGOS, base_config
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+    """'algo=ppo,foo=bar' -> {'algo': 'ppo', 'foo': 'bar'}; a bare 'ppo' means algo=ppo."""
+    out = {}
+    for part in filter(None, (arg or "").split(",")):
+        key, _, value = part.partition("=")
+        out.update({key: value} if value else {"algo": key})
+    return out
+
+
+def get_config(arg=None):
+    args = parse_arg(arg)
+    algo = args.pop("algo", "grpo")
+    if args:
+        raise ValueError(f"configs/tiny.py: unknown argument(s) {sorted(args)}; expected algo=<{'|'.join(ALGOS)}>")
+    c = base_config()
+    c.algo = algo
+    c.seed = 0
+    c.total_steps = 120
+
+    c.model.path = ""  # the built-in tiny Llama-style model, tied embeddings
+    c.model.hidden_size = 64
+    c.model.num_layers = 2
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.intermediate_size = 128
+    c.model.max_position_embeddings = 64
+
+    c.data.task = "digit_puzzles"
+    c.data.prompt_column = "prompt"
+    c.data.answer_column = "answer"
+    c.data.extra_columns = ("level",)
+    c.data.max_prompt_length = 16
+    c.data.use_chat_template = False
+
+    c.reward.functions = "digit_puzzles"
+
+    c.rollout.batch_prompts = 16
+    c.rollout.group_size = 8
+    c.rollout.max_new_tokens = 4
+    c.rollout.temperature = 1.0
+
+    c.optimizer.learning_rate = 3e-3
+    c.optimizer.max_grad_norm = 1.0
+    c.value.learning_rate = 3e-3
+
+    c.checkpoint.every_steps = 40
+    c.log.samples_every = 20
+    if algo == "ppo":
+        c.rollout.group_size = 1  # PPO's baseline is the value model
+        c.rollout.batch_prompts = 128
+        c.train.minibatches = 2
+    return c

@@ -1,0 +1,20 @@
+"""Reward functions for tests, referenced by import path (`fixtures_rewards:digit_fraction`)."""
+
+
+def digit_fraction(prompts, completions, **_):
+    """Fraction of digit characters: varies between samples of a group from the first step on."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def raises_on_x(prompts, completions, **_):
+    if any("x" in c for c in completions):
+        raise RuntimeError("found an x")
+    return [0.0] * len(completions)
+
+
+def nan_reward(prompts, completions, **_):
+    return [float("nan")] * len(completions)
+
+
+def wrong_length(prompts, completions, **_):
+    return [0.0] * (len(completions) + 1)

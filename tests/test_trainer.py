@@ -1,0 +1,211 @@
+"""The RL trainer end to end on the built-in tiny model and task (CPU, seconds per run)."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.config import ALGOS, base_config, resolve, validate
+from jaxrl_llm.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+import tiny  # noqa: E402
+
+# The metric names of DESIGN section 4 that every run logs (value/* and kl/* when used).
+CORE_METRICS = {"reward/mean", "reward/std", "reward/frac_zero_std", "response_length/mean", "response_length/max",
+                "response_length/min", "response_length/clip_ratio", "policy/loss", "policy/clipfrac",
+                "policy/clipfrac_low", "policy/clipfrac_high", "policy/approx_kl", "policy/entropy",
+                "policy/ratio_mean", "policy/grad_norm", "kl/coef", "sampler/logp_diff_max", "perf/step_s",
+                "perf/sample_tokens_per_s", "perf/update_tokens_per_s", "perf/mfu", "lr", "step"}
+
+
+def small_config(algo="grpo", **overrides):
+    """The tiny config shrunk further for tests: one layer, 4 prompts x 2 samples, 3 new tokens."""
+    c = tiny.get_config(f"algo={algo}")
+    c.total_steps = 2
+    c.model.hidden_size = 32
+    c.model.num_layers = 1
+    c.model.intermediate_size = 64
+    c.rollout.batch_prompts = 4
+    c.rollout.group_size = 1 if algo == "ppo" else 2
+    c.rollout.max_new_tokens = 3
+    c.train.minibatches = 1
+    c.reward.functions = "fixtures_rewards:digit_fraction"
+    c.data.task_rows = 64
+    c.checkpoint.every_steps = 1
+    c.checkpoint.async_save = False
+    c.log.progress = False
+    c.log.samples_every = 1
+    c.export.at_end = False
+    c.export.plot = False
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_step_of_every_preset(algo, tmp_path):
+    c = small_config(algo, total_steps=1)
+    trainer = Trainer(c, str(tmp_path))
+    before = jax.tree_util.tree_map(np.asarray, trainer.state.params)
+    history = trainer.run()
+    assert len(history) == 1
+    m = history[0]
+    assert CORE_METRICS <= set(m), CORE_METRICS - set(m)
+    assert all(np.isfinite(v) for v in m.values()), m
+    assert m["sampler/logp_diff_max"] < 1e-4  # the trainer recomputes exactly the sampler's log-probs
+    if trainer.c.value.enabled:
+        assert {"value/loss", "value/clipfrac", "value/explained_var", "value/mean"} <= set(m)
+    if trainer.uses_ref:
+        assert "kl/ref" in m
+    after = trainer.state.params
+    changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(before),
+                                                           jax.tree_util.tree_leaves(after)))
+    assert changed, "one RL step must update the policy"
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1] and CORE_METRICS <= set(rows[0])
+    assert (tmp_path / "DONE").read_text().strip() == "1"
+
+
+def test_reward_rises_on_easy_task(tmp_path):
+    """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's."""
+    c = tiny.get_config("algo=grpo")
+    c.total_steps = 60
+    c.data.task_weights = (1.0, 0.0, 0.0, 0.0)
+    c.rollout.group_size = 16
+    c.log.progress = False
+    c.export.at_end = False
+    c.export.plot = False
+    c.checkpoint.every_steps = 1000
+    history = Trainer(c, str(tmp_path)).run()
+    rewards = np.array([h["reward/mean"] for h in history])
+    print("reward by 10 steps:", np.round(rewards.reshape(-1, 10).mean(1), 3))
+    assert rewards[:10].mean() < 0.1
+    assert rewards[-10:].mean() > rewards[:10].mean() + 0.2
+
+
+def test_resume_is_exact(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    h_straight = Trainer(small_config(total_steps=4), str(straight)).run()
+    Trainer(small_config(total_steps=2), str(resumed)).run()
+    t = Trainer(small_config(total_steps=4), str(resumed))
+    assert t.start_step == 2
+    t.run()
+    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            if not k.startswith("perf/"):
+                assert ra[k] == rb[k], (k, ra[k], rb[k])
+    final = Trainer(small_config(total_steps=4), str(straight)).state.params
+    jax.tree_util.tree_map(np.testing.assert_array_equal, final, t.state.params)
+    assert len(h_straight) == 4
+
+
+def test_export_cli_matches_checkpoint_logits(tmp_path):
+    from transformers import AutoModelForCausalLM
+    import torch
+    from jaxrl_llm.models import forward
+    work, out = tmp_path / "run", tmp_path / "hf"
+    trainer = Trainer(small_config(total_steps=2), str(work))
+    trainer.run()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+    proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.export", f"--workdir={work}", f"--out={out}", "--step=1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    missing = subprocess.run([sys.executable, "-m", "jaxrl_llm.export", f"--workdir={work}", f"--out={out}2",
+                              "--step=7"], capture_output=True, text=True, env=env, timeout=300)
+    assert missing.returncode == 1 and "no checkpoint for step 7" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1 and not os.path.exists(f"{out}2")
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    step1 = trainer.ckpt.restore_params(jax.eval_shape(lambda: trainer.state.params), 1)[1]
+    tokens = np.array([[5, 17, 30, 44, 2]], np.int32)
+    with torch.no_grad():
+        ref = model(torch.as_tensor(tokens).long()).logits.numpy()
+    np.testing.assert_allclose(forward(trainer.mc, step1, tokens), ref, atol=1e-4)
+    assert not np.allclose(forward(trainer.mc, trainer.state.params, tokens), ref, atol=1e-6)  # step 2 differs
+
+
+def test_incompatible_workdir_is_refused_then_force_new(tmp_path):
+    Trainer(small_config(total_steps=1), str(tmp_path)).run()
+    with pytest.raises(ValueError, match=r"holds a run with another config \(rollout.max_new_tokens: 3 there, 4 now\)"):
+        Trainer(small_config(total_steps=1, **{"rollout.max_new_tokens": 4}), str(tmp_path))
+    t = Trainer(small_config(total_steps=1, force_new=True, **{"rollout.max_new_tokens": 4}), str(tmp_path))
+    assert t.start_step == 0
+    aside = [d for d in os.listdir(tmp_path) if d.startswith("replaced-")]
+    assert len(aside) == 1 and os.path.exists(tmp_path / aside[0] / "metrics.jsonl")
+
+
+BAD_CONFIGS = [
+    ({"algo": "ppo2"}, "algo 'ppo2' is unknown"),
+    ({"rollout.group_size": 1}, "config.rollout.group_size must be at least 2 for algo grpo"),
+    ({"loss.clip_low": 1.5}, r"config.loss.clip_low must be in \[0, 1\)"),
+    ({"kl.coef": -0.1}, "config.kl.coef must be a number >= 0"),
+    ({"optimizer.learning_rate": 0.0}, "config.optimizer.learning_rate must be a number > 0"),
+    ({"optimizer.schedule": "exp"}, "config.optimizer.schedule must be constant, cosine or linear"),
+    ({"rollout.temperature": 0.0}, "config.rollout.temperature must be a number > 0"),
+    ({"rollout.top_p": 1.5}, r"config.rollout.top_p must be in \(0, 1\]"),
+    ({"train.minibatches": 3}, "config.train.minibatches must be a divisor of rollout.batch_prompts=4"),
+    ({"loss.aggregate": "mean"}, "config.loss.aggregate must be one of token-mean"),
+    ({"loss.dual_clip": 0.5}, "config.loss.dual_clip must be 0 .off. or a number > 1"),
+    ({"mesh.data": 3, "mesh.fsdp": 1}, r"mesh data\*fsdp\*tensor = 3\*1\*1 = 3 does not match the 1 available devices"),
+    ({"reward.functions": "no_such_reward"}, "unknown reward 'no_such_reward'"),
+    ({"reward.weights": "1,2"}, "reward.weights has 2 entries for 1 reward.functions"),
+    ({"model.path": "/does/not/exist"}, "model.path '/does/not/exist' is not a directory"),
+    ({"data.task": "", "data.path": ""}, "config.data.path and config.data.task are both empty"),
+    ({"data.task": "sudoku"}, "config.data.task 'sudoku' is unknown"),
+    ({"advantage.estimator": "gae"}, "config.value.enabled must be True with the gae estimator"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
+def test_config_validation_errors(overrides, message, tmp_path):
+    c = small_config(**overrides)
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        Trainer(c, str(tmp_path / "w"))
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_batch_not_divisible_by_mesh(tmp_path):
+    # 4 prompts on a mesh with data*fsdp = 1 is fine; with an 8-device mesh it is tested in test_scaling.
+    c = resolve(small_config())
+    validate(c)
+    c.rollout.batch_prompts = 3
+    with pytest.raises(ValueError, match="config.train.grad_accum|divisible"):
+        c.train.grad_accum = 2
+        validate(c)
+
+
+def test_presets_only_fill_unset_fields():
+    c = base_config()
+    c.algo = "gspo"
+    c.loss.clip_high = 0.01
+    r = resolve(c)
+    assert (r.loss.ratio, r.loss.clip_low, r.loss.clip_high) == ("sequence", 3e-4, 0.01)
+    r = resolve(tiny.get_config("algo=dapo"))
+    assert (r.loss.clip_high, r.loss.aggregate, r.dapo.dynamic_sampling, r.dapo.overlong_buffer) == (0.28, "token-mean", True, 1)
+    for algo in ALGOS:
+        validate(resolve(tiny.get_config(f"algo={algo}")))
+
+
+@pytest.mark.parametrize("name", ["grpo_gsm8k", "ppo_rlhf"])
+def test_real_model_configs_validate(name):
+    import importlib
+    module = importlib.import_module(name)
+    c = resolve(module.get_config())
+    validate(c)
+    assert c.model.path and c.data.path
+    assert "python -m jaxrl_llm.train --config=configs/" in module.__doc__

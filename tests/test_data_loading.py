@@ -51,7 +51,7 @@ def test_local_file_formats_load_all_rows(tmp_path, fmt):
     rows = write_gsm8k_like(path, 12, fmt)
     tok = builtin_tokenizer()
     ds, stats = load_prompt_dataset(_config(path, tmp_path), tok)
-    assert ds.column_names == ["prompt_text", "prompt_ids", "answer"]
+    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "answer"]
     assert ds["prompt_text"] == [r["question"] for r in rows]  # no chat template: the raw column
     assert ds["answer"] == [r["answer"] for r in rows]
     assert ds["prompt_ids"] == [tok.encode(r["question"]) for r in rows]
@@ -124,6 +124,8 @@ def test_chat_template_with_system_prompt_matches_apply_chat_template(tmp_path, 
         assert ids[0] == bos and ids.count(bos) == 1
         assert chat_tok(expected)["input_ids"][:2] == [bos, bos]
         assert text.endswith("<|im_start|>assistant\n")
+    # Rewards (a reward model with its own template) get the user's prompt, not the rendered one.
+    assert ds["prompt_user"] == [row["question"] for row in rows]
 
 
 def test_chat_template_without_system_prompt(tmp_path, chat_tok):
@@ -169,7 +171,7 @@ def test_prompt_template_and_extra_columns(tmp_path):
     datasets.Dataset.from_list(rows).to_json(str(tmp_path / "d.jsonl"))
     config = _config(tmp_path / "d.jsonl", tmp_path, prompt_template="Compute {q}.\nAnswer:", extra_columns=("level",))
     ds, _ = load_prompt_dataset(config, builtin_tokenizer())
-    assert ds.column_names == ["prompt_text", "prompt_ids", "answer", "level"]
+    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "answer", "level"]
     assert ds["prompt_text"] == [f"Compute {r['q']}.\nAnswer:" for r in rows]
     assert ds["level"] == [r["level"] for r in rows]
 
@@ -183,6 +185,7 @@ def test_conversational_prompt_column(tmp_path, chat_tok):
         [{"role": "system", "content": "S"}, *convs[2]], tokenize=False, add_generation_prompt=True
     )
     assert ds["prompt_text"][2] == expected
+    assert ds["prompt_user"] == [f"What is {i}+1?" for i in range(3)]  # the last user turn
     with pytest.raises(ValueError, match="row 0 holds chat messages but tokenizer"):
         prepare_prompts(dataset, config, builtin_tokenizer())
 

@@ -7,6 +7,7 @@ from jaxrl_llm.data.iterator import GLOBAL_MAX_PROMPT_LENGTH, PromptIterator, it
 from jaxrl_llm.data.loading import (
     PROMPT_IDS,
     PROMPT_TEXT,
+    PROMPT_USER,
     default_data_config,
     load_prompt_dataset,
     load_raw_dataset,
@@ -20,6 +21,7 @@ __all__ = [
     "GLOBAL_MAX_PROMPT_LENGTH",
     "PROMPT_IDS",
     "PROMPT_TEXT",
+    "PROMPT_USER",
     "PromptIterator",
     "bucket_length",
     "builtin_tokenizer",

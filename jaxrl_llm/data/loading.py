@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 PROMPT_TEXT = "prompt_text"
 PROMPT_IDS = "prompt_ids"
-_RESERVED = (PROMPT_TEXT, PROMPT_IDS)
+PROMPT_USER = "prompt_user"  # the user's prompt before any chat template (what reward models should see)
+_RESERVED = (PROMPT_TEXT, PROMPT_IDS, PROMPT_USER)
 
 # Builder of `datasets.load_dataset` for each local file extension.
 _FILE_BUILDERS = {
@@ -267,7 +268,8 @@ def prepare_prompts(
                 if len(row_ids) > max_length:
                     ids[j] = prompts_lib.truncate_left(row_ids, max_length, bos_id)
                     texts[j] = tokenizer.decode(ids[j], skip_special_tokens=False)
-        out = {PROMPT_TEXT: texts, PROMPT_IDS: ids, "_raw_length": lengths}
+        plain = [u if isinstance(u, str) else prompts_lib.last_user_content(u) for u in users]
+        out = {PROMPT_TEXT: texts, PROMPT_IDS: ids, PROMPT_USER: plain, "_raw_length": lengths}
         out.update({c: batch[c] for c in passthrough})
         return out
 
@@ -290,7 +292,7 @@ def prepare_prompts(
             f"the prompt of row {row} has {int(raw_lengths[row])} tokens > data.max_prompt_length={max_length} "
             "(data.max_prompt_length_policy='error')"
         )
-    prepared = prepared.select_columns([PROMPT_TEXT, PROMPT_IDS, *passthrough])  # drops _raw_length
+    prepared = prepared.select_columns([PROMPT_TEXT, PROMPT_IDS, PROMPT_USER, *passthrough])  # drops _raw_length
     if policy == "drop" and too_long.any():
         keep = np.flatnonzero(~too_long)
         if keep.size == 0:

@@ -78,6 +78,12 @@ def user_prompt(row: Mapping[str, Any], *, prompt_column: str, prompt_template: 
     )
 
 
+def last_user_content(messages: Messages) -> str:
+    """The text of the last user turn of a conversation ("" if it has none)."""
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
 def to_messages(prompt: str | Messages, system_prompt: str) -> Messages:
     """Chat messages: [system (if given and the conversation has none), user or the conversation]."""
     if isinstance(prompt, str):

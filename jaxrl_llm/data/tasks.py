@@ -4,12 +4,13 @@ The embedded default run (`configs/tiny.py`) learns this task from a randomly in
 download. Every prompt has one exact answer, checked by a program:
 
   level 1  max of two digits             "max(3,8)="        -> "8"
-  level 2  min of two digits             "min(3,8)="        -> "3"
-  level 3  max of four digits            "max(3,8,1,5)="    -> "8"
+  level 2  max of four digits            "max(3,8,1,5)="    -> "8"
+  level 3  min of two digits             "min(3,8)="        -> "3"
   level 4  max of three 2-digit numbers  "max(23,81,47)="   -> "81"
 
 Why this shape: every answer is copied from the prompt, which attention learns quickly, so a tiny model
-improves within minutes; more candidates, min vs max and two-digit answers grade the difficulty. Answers
+improves within minutes; more candidates, reading min instead of max (a policy that has learned "max"
+must notice the one-letter change), and two-digit answers grade the difficulty. Answers
 are spread evenly over the digits, so no single output earns reward on many prompts (an earlier version
 with sums rewarded a constant leading "1" and policies collapsed onto it). The reward gives
 per-character credit, (# answer characters right at their position) / max(|answer|, |completion|), so
@@ -30,11 +31,11 @@ LEVEL_WEIGHTS = (0.3, 0.3, 0.2, 0.2)  # sampling frequency of levels 1..4
 
 def make_problem(rng: np.random.Generator, level: int) -> tuple[str, str]:
     """(prompt, answer) of one puzzle of `level` in 1..4."""
-    if level in (1, 2):
+    if level in (1, 3):
         a = rng.integers(0, 10, 2)
         op = "max" if level == 1 else "min"
         return f"{op}({a[0]},{a[1]})=", str(a.max() if level == 1 else a.min())
-    if level == 3:
+    if level == 2:
         a = rng.integers(0, 10, 4)
         return f"max({','.join(map(str, a))})=", str(a.max())
     if level == 4:

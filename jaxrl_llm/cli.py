@@ -1,6 +1,7 @@
 """Shared command-line behaviour: logging setup and one-line errors."""
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 
@@ -10,6 +11,58 @@ def setup_logging(verbose: bool):
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
     for noisy in ("absl", "orbax", "matplotlib", "jax", "datasets", "filelock", "urllib3", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    if not verbose:
+        # When an Orbax restore fails (a corrupt checkpoint, reported in one line and skipped), its other
+        # pending reads fail too: asyncio logs each "exception was never retrieved" with a traceback, and
+        # tensorstore's callbacks into the closed event loop print more. Noise then; kept with --verbose.
+        logging.getLogger("asyncio").addFilter(_drop_unretrieved)
+        sys.unraisablehook = _drop_closed_loop_callbacks(sys.unraisablehook)
+
+
+def _drop_unretrieved(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(("Task exception was never retrieved", "Future exception was never retrieved"))
+
+
+def _drop_closed_loop_callbacks(hook):
+    def filtered(unraisable):
+        e = unraisable.exc_value
+        if (isinstance(e, RuntimeError) and str(e) == "Event loop is closed") or inspect.iscoroutine(unraisable.object):
+            return  # a callback into the closed loop, or an abandoned read's coroutine being finalized
+        hook(unraisable)
+    return filtered
+
+
+def flags_parser(prog: str):
+    """An `absl.app.run(..., flags_parser=)` that reports a bad flag in one line and exits with status 1.
+
+    absl's own prints a multi-line usage hint, and an unknown `--config.a.b` field (or an error raised
+    inside the config file) escapes it as a traceback. With --verbose in argv the error propagates.
+    """
+    from absl import flags
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except Exception as e:  # flags.Error, and ml_collections' AttributeError for an unknown field
+            if any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv):
+                raise
+            print(f"{prog}: error: {_flag_error(e, argv)}", file=sys.stderr)
+            sys.exit(1)
+    return parse
+
+
+def _flag_error(e: Exception, argv) -> str:
+    text = str(e)
+    if isinstance(e, (AttributeError, KeyError)):  # an unknown config field: name the argument
+        text = text.strip("'\"").encode("utf-8").decode("unicode_escape").replace("\\'", "'")
+        name = text.split("'")[1] if text.count("'") >= 2 else ""
+        arg = next((a for a in argv[1:] if a.startswith("--config.") and f".{name}" in a.split("=")[0]), None)
+        text = f"unknown config field {name!r}" + (f" in {arg}" if arg else "") + f": {text}"
+    head, sep, tb = text.partition("Traceback (most recent call last):")
+    if sep:  # an exception raised inside the config file: keep its last line, the message
+        lines = [line.strip() for line in tb.splitlines() if line.strip()]
+        text = f"{head.strip()} {lines[-1] if lines else ''}"
+    return " ".join(text.split())
 
 
 def run_cli(main_fn, verbose: bool, prog: str):

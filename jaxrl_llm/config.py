@@ -13,7 +13,7 @@ import math
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from jaxrl_llm.data.loading import default_data_config, validate_data_config
+from jaxrl_llm.data.config import default_data_config, validate_data_config
 
 ALGOS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "sapo", "cispo", "rloo", "reinforce_pp")
 GROUP_ESTIMATORS = ("group", "rloo")

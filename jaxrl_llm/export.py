@@ -13,7 +13,7 @@ import os
 
 from absl import app, flags
 
-from jaxrl_llm.cli import run_cli, setup_logging
+from jaxrl_llm.cli import flags_parser, run_cli, setup_logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of a training run.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step; the latest when omitted.")
@@ -64,4 +64,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flags_parser("jaxrl_llm.export"))

@@ -4,14 +4,21 @@
 Only process 0 writes. On resume from step s, lines of later steps (logged after the last checkpoint,
 before a crash) are dropped from the JSONL files and TensorBoard purges its later events, so every
 file reads as one uninterrupted run.
+
+The workdir may be a local path or a URL (gs://, s3://: etils.epath; TensorBoard on gs:// needs
+google-cloud-storage). Object stores cannot append to a file, so there the JSONL lines are kept in
+memory and each file is rewritten whole on `flush()` (the trainer flushes at every checkpoint) and at
+most every `sync_every_s` seconds while logging.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
+import time
 
 import numpy as np
+from etils import epath
 
 # Dense bf16 peak FLOP/s per chip by `device_kind`; CPU: the measured float32 matmul peak of our machine.
 PEAK_FLOPS = {
@@ -48,22 +55,23 @@ def flops_per_token(config, context: float, *, lm_head: bool = True) -> float:
     return 2.0 * weights + attention
 
 
-def _truncate_jsonl(path: str, max_step: int):
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
+def _truncate_jsonl(path: epath.Path, max_step: int) -> list[str]:
+    """Drops the lines of steps after `max_step` (and lines cut by a crash); returns the kept lines."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     keep = []
     for line in lines:
         try:
             if json.loads(line).get("step", 0) <= max_step:
-                keep.append(line)
+                keep.append(line if line.endswith("\n") else line + "\n")  # the next line must not join it
         except json.JSONDecodeError:  # a line cut by a crash mid-write
             continue
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    if keep != lines:
+        tmp = path.parent / (path.name + ".tmp")
+        tmp.write_text("".join(keep), encoding="utf-8")
+        tmp.replace(path)
+    return keep
 
 
 def _jsonable(v):
@@ -75,27 +83,52 @@ def _jsonable(v):
 
 
 class MetricsWriter:
-    """Writes per-step scalars and samples. `resume_step`: drop anything logged after it."""
+    """Writes per-step scalars and samples. `resume_step`: drop anything logged after it.
 
-    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, resume_step: int = 0):
+    rewrite: keep the lines in memory and rewrite whole files (default: for URLs, which cannot append).
+    """
+
+    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, resume_step: int = 0,
+                 rewrite: bool | None = None, sync_every_s: float = 60.0):
         self.enabled = enabled
-        self.metrics_path = os.path.join(workdir, "metrics.jsonl")
-        self.samples_path = os.path.join(workdir, "samples.jsonl")
+        wd = epath.Path(workdir)
+        self.metrics_path = wd / "metrics.jsonl"
+        self.samples_path = wd / "samples.jsonl"
+        self.rewrite = "://" in str(workdir) if rewrite is None else rewrite
+        self.sync_every_s = sync_every_s
+        self._lines: dict[epath.Path, list[str]] = {}
+        self._synced = time.monotonic()
         self.tb = None
         if not enabled:
             return
-        _truncate_jsonl(self.metrics_path, resume_step)
-        _truncate_jsonl(self.samples_path, resume_step)
+        for path in (self.metrics_path, self.samples_path):
+            kept = _truncate_jsonl(path, resume_step)
+            if self.rewrite:
+                self._lines[path] = kept
         if tensorboard:
             from tensorboardX import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+            self.tb = SummaryWriter(str(wd / "tb"), purge_step=resume_step + 1 if resume_step else None)
+
+    def _append(self, path: epath.Path, lines: list[str]):
+        if not self.rewrite:
+            with path.open("a", encoding="utf-8") as f:
+                f.writelines(lines)
+            return
+        self._lines[path].extend(lines)
+        if time.monotonic() - self._synced >= self.sync_every_s:
+            self._sync()
+
+    def _sync(self):
+        for path, lines in self._lines.items():
+            if lines or path.exists():
+                path.write_text("".join(lines), encoding="utf-8")
+        self._synced = time.monotonic()
 
     def write(self, step: int, scalars: dict[str, float]):
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _jsonable(v) for k, v in sorted(scalars.items()) if k != "step"}}
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        self._append(self.metrics_path, [json.dumps(row) + "\n"])
         if self.tb is not None:
             for k, v in scalars.items():
                 if k != "step" and isinstance(v, (int, float, np.floating, np.integer)):
@@ -104,26 +137,28 @@ class MetricsWriter:
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:
             return
-        with open(self.samples_path, "a", encoding="utf-8") as f:
-            for s in samples:
-                f.write(json.dumps({"step": int(step), **s}) + "\n")
+        self._append(self.samples_path, [json.dumps({"step": int(step), **s}) + "\n" for s in samples])
         if self.tb is not None:
             text = "\n\n".join(f"**prompt:** `{s['prompt']}`  \n**completion:** `{s['completion']}`  \n"
                                f"**reward:** {s['reward']:.4f}" for s in samples)
             self.tb.add_text("samples", text, int(step))
 
     def flush(self):
+        if self.enabled and self.rewrite:
+            self._sync()
         if self.tb is not None:
             self.tb.flush()
 
     def close(self):
+        self.flush()
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
 
 
 def read_metrics(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    text = epath.Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def plot_curves(metrics_path: str, out_png: str,
@@ -142,6 +177,8 @@ def plot_curves(metrics_path: str, out_png: str,
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    png = io.BytesIO()  # through epath: the workdir may be gs://
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    epath.Path(out_png).write_bytes(png.getvalue())
     return out_png

@@ -4,14 +4,21 @@ Parameters carry logical axis names (models/transformer.py); `LOGICAL_RULES` map
 FSDP shards the embedding dimension of every weight, tensor parallelism shards heads, MLP width and the
 vocabulary; rollout rows (and the KV cache's rows) are sharded over data x fsdp. A dimension that its
 mesh axes do not divide is replicated instead, with one logged note per parameter.
+
+Jitted code runs under `use_mesh(mesh)`: `jax.set_mesh` plus the logical rules. Both are needed for the
+model's `nn.with_logical_constraint` calls to take effect: Flax reads the mesh from
+`jax.sharding.get_abstract_mesh()`, which the legacy `with mesh:` context does not set (under it every
+activation constraint is silently a no-op).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 log = logging.getLogger(__name__)
@@ -107,6 +114,22 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def axis_rules():
     """Context manager activating the logical rules for `nn.with_logical_constraint` while tracing."""
     return nn.logical_axis_rules(LOGICAL_RULES)
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh):
+    """Context for calling (and tracing) jitted functions on `mesh`: `jax.set_mesh` + the logical rules."""
+    with jax.set_mesh(mesh), axis_rules():
+        yield mesh
+
+
+def optimizer_shardings(tx, abstract_opt_state, param_shardings, mesh: Mesh):
+    """Shardings of an optax state: every parameter-shaped leaf (Adam's mu, nu) like its parameter, the
+    rest (step counts) replicated. `jax.jit(tx.init)` alone would put all of it on one device, since
+    zeros do not depend on the parameters' values."""
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt_state, param_shardings,
+                                 transform_non_params=lambda _: replicated(mesh),
+                                 is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
 def batch_divisor(mesh: Mesh) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxrl_llm.cli import run_cli, setup_logging
+from jaxrl_llm.cli import flags_parser, run_cli, setup_logging
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file: configs/FILE.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of checkpoints, metrics, samples and the export.")
@@ -30,6 +30,8 @@ def main(argv):
             raise ValueError("--workdir is required")
         if _CONFIG.value is None:
             raise ValueError("--config is required, e.g. --config=configs/tiny.py")
+        from jaxrl_llm import config as config_lib
+        config_lib.validate(config_lib.resolve(_CONFIG.value))  # a bad field fails before JAX and the models load
         from jaxrl_llm import distributed
         distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         from jaxrl_llm.trainer import Trainer
@@ -39,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flags_parser("jaxrl_llm.train"))

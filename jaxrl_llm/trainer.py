@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -30,9 +31,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from etils import epath
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import distributed as dist
+from jaxrl_llm import faults
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import rl, sharding
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
@@ -48,8 +51,9 @@ from jaxrl_llm.sampling import generate
 
 log = logging.getLogger(__name__)
 
-# Fields that may change between a run and its resumption (they do not change what is computed).
-RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export")
+# Fields that may change between a run and its resumption (they do not change what is computed; the
+# mesh only changes float rounding: a checkpoint restores onto any mesh).
+RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh")
 
 
 # ============================================================================================ state
@@ -134,11 +138,14 @@ def load_dataset_for(c: ml_collections.ConfigDict, tokenizer):
 def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
     """Refuses a workdir holding a run with an incompatible config (unless force_new: then it is moved
     aside to <workdir>/replaced-<time>/, never deleted)."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    path = epath.Path(workdir) / "config.json"
+    if not path.is_file():
         return
-    with open(path, encoding="utf-8") as f:
-        old = json.load(f)
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # hand-edited or damaged (the trainer writes it atomically)
+        raise ValueError(f"workdir {workdir}: config.json is not valid JSON ({e}); restore it, or use "
+                         "another workdir") from None
     new = json.loads(resolved.to_json())
     diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
     if not diff:
@@ -148,11 +155,11 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
         raise ValueError(f"workdir {workdir} holds a run with another config ({detail}); use another workdir "
                          "or --config.force_new=True to start afresh (the old run is kept aside)")
     if dist.is_main():
-        aside = os.path.join(workdir, f"replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.makedirs(aside)
-        for name in os.listdir(workdir):
-            if not name.startswith("replaced-"):
-                shutil.move(os.path.join(workdir, name), aside)
+        aside = epath.Path(workdir) / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir(parents=True)
+        for entry in epath.Path(workdir).iterdir():
+            if not entry.name.startswith("replaced-"):
+                entry.rename(aside / entry.name)
     dist.sync("force_new")
 
 
@@ -322,7 +329,8 @@ def step_functions(config_json: str, total_updates: int, mc: ModelConfig, mesh, 
             metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
         metrics.update({"policy/grad_norm": gnorm, "policy/ratio_min": jnp.min(rmin),
                         "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
-                        "lr": schedule(state.opt_step), "train/skipped": 1.0 - ok.astype(jnp.float32)})
+                        "lr": schedule(state.opt_step), "train/skipped_updates": 1.0 - ok.astype(jnp.float32),
+                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32)})
         return new_state, metrics
 
     replicate = sharding.replicated(mesh)
@@ -338,11 +346,13 @@ def step_functions(config_json: str, total_updates: int, mc: ModelConfig, mesh, 
 class Trainer:
     """Builds everything from a config, then `run()` trains to `total_steps` (resuming if possible)."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, devices=None):
+        """workdir: a local path or a URL that etils.epath and Orbax read (gs://...); devices: those of
+        the mesh, all of `jax.devices()` by default."""
         c = config_lib.resolve(config)
         config_lib.validate(c)
         self.c, self.workdir = c, workdir
-        self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+        self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
         divisor = sharding.batch_divisor(self.mesh)
         if c.rollout.batch_prompts % divisor or (c.rollout.batch_prompts // c.train.minibatches
                                                  // c.train.grad_accum) % divisor:
@@ -352,12 +362,24 @@ class Trainer:
         if c.rollout.batch_prompts % jax.process_count():
             raise ValueError(f"config.rollout.batch_prompts={c.rollout.batch_prompts} must be divisible by the "
                              f"{jax.process_count()} processes")
-        os.makedirs(workdir, exist_ok=True)
-        if not os.access(workdir, os.W_OK):
+        wd = epath.Path(workdir)
+        try:
+            wd.mkdir(parents=True, exist_ok=True)
+        except Exception as e:  # e.g. gs:// without gcsfs installed, or no permission on the bucket
+            raise OSError(f"workdir {workdir} cannot be created: {' '.join(str(e).split())[:200]}") from None
+        if not _is_url(workdir) and not os.access(workdir, os.W_OK):
             raise PermissionError(f"workdir {workdir} is not writable")
         check_workdir(workdir, c)
-        self.reward_fns = [(*get_reward_fn(spec, **dict(c.reward.kwargs.get(spec.split(":")[-1], {}))), w)
-                           for spec, w in config_lib.reward_specs(c)]
+        self.reward_fns = []
+        for spec, weight in config_lib.reward_specs(c):
+            kwargs = dict(c.reward.kwargs.get(spec.split(":")[-1], {}))
+            if spec == "reward_model":  # scored on the training mesh with the same sharding rules
+                # Each host scores only its own rows: across hosts, on a mesh of this host's devices (the
+                # global mesh would take every host's different rows for one global batch).
+                kwargs.setdefault("mesh", self.mesh if jax.process_count() == 1 else
+                                  sharding.make_mesh(1, -1, 1, devices=jax.local_devices()))
+                kwargs.setdefault("rules", sharding.LOGICAL_RULES)
+            self.reward_fns.append((*get_reward_fn(spec, **kwargs), weight))
 
         # ---- tokenizer and models (policy, reference, value) on the one mesh
         model_path = resolve_model_path(c.model.path) if c.model.path else ""
@@ -386,9 +408,9 @@ class Trainer:
             params = jax.jit(lambda k: init_params(mc, k), out_shardings=self.param_shardings)(init_rng)
         self.uses_ref = c.kl.coef > 0
         refresh = self.uses_ref and c.ref.refresh_every > 0
-        copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t))
+        copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=self.param_shardings)
         self.frozen_ref = copy(params) if self.uses_ref and not refresh else None
-        value_params = None
+        value_params, self.value_shardings = None, None
         if c.value.enabled:
             vabstract = jax.eval_shape(lambda p: init_value_params(mc, p), abstract)
             self.value_shardings = sharding.logical_to_sharding(value_logical_axes(mc), vabstract, self.mesh, name="value")
@@ -408,16 +430,25 @@ class Trainer:
             kl_ctl = rl.AdaptiveKLController.create(max(c.kl.coef, 1e-8), c.kl.target, c.kl.horizon)
         else:
             kl_ctl = rl.FixedKLController.create(c.kl.coef)
+        # Optimizer states are laid out like their parameters (FSDP shards Adam's moments too).
+        opt_shardings = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, abstract), self.param_shardings,
+                                                     self.mesh)
+        value_opt_shardings = None if value_params is None else sharding.optimizer_shardings(
+            value_tx, jax.eval_shape(value_tx.init, value_params), self.value_shardings, self.mesh)
         state = TrainState(
-            step=jnp.int32(0), opt_step=jnp.int32(0), rng=state_rng, params=params,
-            opt_state=jax.jit(tx.init)(params), ref_params=copy(params) if refresh else None,
-            value_params=value_params,
-            value_opt_state=jax.jit(value_tx.init)(value_params) if value_params is not None else None,
-            kl=kl_ctl, nonfinite=jnp.int32(0))
+            step=np.int32(0), opt_step=np.int32(0), rng=np.asarray(state_rng), params=params,
+            opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
+            ref_params=copy(params) if refresh else None, value_params=value_params,
+            value_opt_state=None if value_params is None else jax.jit(
+                value_tx.init, out_shardings=value_opt_shardings)(value_params),
+            kl=jax.tree_util.tree_map(np.asarray, kl_ctl), nonfinite=np.int32(0))
         replicate = sharding.replicated(self.mesh)
-        self.state_shardings = jax.tree_util.tree_map(
-            lambda x: x.sharding if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
-            else replicate, state)
+        self.state_shardings = TrainState(
+            step=replicate, opt_step=replicate, rng=replicate, params=self.param_shardings,
+            opt_state=opt_shardings, ref_params=self.param_shardings if refresh else None,
+            value_params=self.value_shardings, value_opt_state=value_opt_shardings,
+            kl=jax.tree_util.tree_map(lambda _: replicate, kl_ctl), nonfinite=replicate)
+        # Host scalars (step, rng, KL coefficient) become global replicated arrays; the rest is in place.
         self.state = jax.device_put(state, self.state_shardings)
 
         # ---- data
@@ -426,7 +457,7 @@ class Trainer:
                                          shard_index=jax.process_index(), shard_count=jax.process_count())
 
         # ---- checkpoint restore (exact resume) and metric sinks
-        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
+        self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
         restored = self.ckpt.restore(abstract_like(self.state))
         start = 0
@@ -436,11 +467,10 @@ class Trainer:
             log.info("resumed from step %d in %s", start, workdir)
         self.start_step = start
         if dist.is_main():
-            with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-                f.write(c.to_json(indent=2))
-            with open(os.path.join(workdir, "model_config.json"), "w", encoding="utf-8") as f:
-                json.dump(config_to_hf_dict(mc, c.model.dtype), f, indent=2)
-            self.tokenizer.save_pretrained(os.path.join(workdir, "tokenizer"))
+            # Rewritten at every start: atomically, or a kill mid-write would leave a run that cannot resume.
+            _write_text_atomic(wd / "config.json", c.to_json(indent=2))
+            _write_text_atomic(wd / "model_config.json", json.dumps(config_to_hf_dict(mc, c.model.dtype), indent=2))
+            _write_via_local_dir(wd / "tokenizer", self.tokenizer.save_pretrained)
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
                                                 resume_step=start)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
@@ -458,10 +488,11 @@ class Trainer:
         tokens, pmask = pad_prompt_batch(batch, c.data.max_prompt_length, self.pad_id)
         prompts_g = dist.to_global(tokens, self._rows_sharding)
         pmask_g = dist.to_global(pmask, self._rows_sharding)
-        with self.mesh, sharding.axis_rules():
+        with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
                          num_samples=c.rollout.group_size, temperature=c.rollout.temperature,
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
                  "lengths": dist.to_local(r.lengths), "truncated": dist.to_local(r.truncated)}
@@ -469,8 +500,10 @@ class Trainer:
         ends = local["lengths"] - (~local["truncated"]).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
                                                   skip_special_tokens=False)
-        prompts = [p for p in batch["prompt_text"] for _ in range(G)]
-        skip = {"prompt_text", "prompt_ids", "global_max_prompt_length"}
+        # Rewards see the user's prompt (a reward model applies its own chat template); the rendered
+        # prompt is the `prompt_text` column.
+        prompts = [p for p in batch["prompt_user"] for _ in range(G)]
+        skip = {"prompt_user", "prompt_ids", "global_max_prompt_length"}
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.items() if k not in skip}
         columns.update(completion_lengths=local["lengths"].tolist(), truncated=local["truncated"].tolist(),
                        max_completion_length=c.rollout.max_new_tokens)
@@ -523,13 +556,14 @@ class Trainer:
         c = self.c
         G = c.rollout.group_size
         t_step = time.perf_counter()
+        faults.point("step", state.step)  # read only under fault injection: no host sync otherwise
         rng, sample_key, shuffle_key = jax.random.split(state.rng, 3)
         local, first, info = self._rollout(state.params, sample_key)
         b = self._device_batch(local)
 
         t_upd = time.perf_counter()
         ref = state.ref_params if state.ref_params is not None else self.frozen_ref
-        with self.mesh, sharding.axis_rules():
+        with sharding.use_mesh(self.mesh):
             b.update(self.fns.score(state, ref, b))
             b.setdefault("old_logp", b["sampler_logp"])
             adv, returns, kl_stats = self.fns.advantages(b, state.kl.value)
@@ -542,6 +576,7 @@ class Trainer:
                 perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
                 for m in range(c.train.minibatches):
                     state, mm = self.fns.update(state, b, perm[m * per_mb:(m + 1) * per_mb])
+                    faults.point("update")  # the update is running on the donated state
                     step_metrics.append(mm)
             if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:
                 state = state.replace(ref_params=self.fns.refresh_ref(state.ref_params, state.params))
@@ -555,7 +590,10 @@ class Trainer:
         for k in step_metrics[0]:
             vals = [float(x[k]) for x in step_metrics]
             m[k] = min(vals) if k.endswith("ratio_min") else max(vals) if k.endswith("max") else float(np.mean(vals))
-        m["train/skipped"] = float(sum(float(x["train/skipped"]) for x in step_metrics))
+        # Updates of this step skipped for a NaN/inf loss or gradient, and the consecutive ones so far
+        # (the run stops when they reach train.max_nonfinite_steps).
+        m["train/skipped_updates"] = float(sum(float(x["train/skipped_updates"]) for x in step_metrics))
+        m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
         # Before the first update the policy is the sampler's: that step's difference is the sampler's.
         m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
         if c.rollout.recompute_logprobs:
@@ -605,6 +643,8 @@ class Trainer:
 
     def save(self, state, *, force=False):
         self.ckpt.save(int(state.step), state, {"data": self.data.state(), "step": int(state.step)}, force=force)
+        self.writer.flush()  # metrics up to a checkpoint are durable, also where files cannot be appended to
+        faults.point("checkpoint", int(state.step))  # Orbax's asynchronous write is in flight
 
     def run(self) -> list[dict]:
         """Trains from the restored step to total_steps; returns this run's metrics rows."""
@@ -644,17 +684,51 @@ class Trainer:
     def finish(self):
         """Export, plot and the DONE marker (process 0)."""
         c = self.c
+        wd = epath.Path(self.workdir)
+        # Every process takes part in gathering the sharded parameters; process 0 writes them.
+        params = jax.tree_util.tree_map(dist.to_host, self.state.params) if c.export.at_end else None
         if dist.is_main():
             if c.export.at_end:
-                save_hf(os.path.join(self.workdir, "hf"), self.mc, self.state.params, tokenizer=self.tokenizer,
-                        dtype=c.export.dtype or None)
-            metrics_path = os.path.join(self.workdir, "metrics.jsonl")
-            if c.export.plot and os.path.exists(metrics_path):
-                metrics_lib.plot_curves(metrics_path, os.path.join(self.workdir, "curves.png"))
-            with open(os.path.join(self.workdir, "DONE"), "w", encoding="utf-8") as f:
-                f.write(f"{int(self.state.step)}\n")
+                export = lambda out: save_hf(out, self.mc, params, tokenizer=self.tokenizer, dtype=c.export.dtype or None)
+                if _is_url(self.workdir):
+                    _write_via_local_dir(wd / "hf", export)
+                else:
+                    export(str(wd / "hf"))  # atomic in place
+            metrics_path = wd / "metrics.jsonl"
+            if c.export.plot and metrics_path.exists():
+                metrics_lib.plot_curves(str(metrics_path), str(wd / "curves.png"))
+            (wd / "DONE").write_text(f"{int(self.state.step)}\n", encoding="utf-8")  # last: the run is complete
         self.writer.close()
         self.ckpt.close()
+
+
+def _is_url(path) -> bool:
+    """gs://, s3://, ...: object stores, reached through etils.epath (and Orbax for checkpoints)."""
+    return "://" in str(path)
+
+
+def _write_text_atomic(path: epath.Path, text: str) -> None:
+    """Writes a sibling temporary file, then renames it over `path`: readers see the old or the new text."""
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _write_via_local_dir(dest: epath.Path, write) -> None:
+    """Runs `write(local_dir)` (a writer that only knows local paths: save_pretrained, save_hf) in a
+    temporary directory, then copies the files to `dest`, replacing what was there. Used for local
+    workdirs too, so that the copy is the code path every test exercises."""
+    with tempfile.TemporaryDirectory(prefix="jaxrl_llm-") as tmp:
+        out = os.path.join(tmp, dest.name)
+        write(out)
+        if dest.exists():
+            dest.rmtree()
+        for root, _, files in os.walk(out):
+            target = dest / os.path.relpath(root, out)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                with open(os.path.join(root, name), "rb") as src, (target / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 24)
 
 
 def _compute_key(c: ml_collections.ConfigDict) -> str:

@@ -1,39 +1,42 @@
 """Prompt data: tokenizers, dataset loading and prompt building, batching, left padding.
 
-See docs/data.md. The built-in synthetic tasks live in `jaxrl_llm.data.tasks`.
+See docs/data.md. The built-in synthetic tasks live in `jaxrl_llm.data.tasks`. Names are imported on
+first use, so that `jaxrl_llm.data.config` (what configs need) loads without `datasets`/`transformers`.
 """
 
-from jaxrl_llm.data.iterator import GLOBAL_MAX_PROMPT_LENGTH, PromptIterator, iterator_from_config
-from jaxrl_llm.data.loading import (
-    PROMPT_IDS,
-    PROMPT_TEXT,
-    PROMPT_USER,
-    default_data_config,
-    load_prompt_dataset,
-    load_raw_dataset,
-    prepare_prompts,
-    validate_data_config,
-)
-from jaxrl_llm.data.padding import bucket_length, left_pad, pad_prompt_batch, prompt_buckets
-from jaxrl_llm.data.tokenizer import builtin_tokenizer, has_chat_template, load_tokenizer
+import importlib
 
-__all__ = [
-    "GLOBAL_MAX_PROMPT_LENGTH",
-    "PROMPT_IDS",
-    "PROMPT_TEXT",
-    "PROMPT_USER",
-    "PromptIterator",
-    "bucket_length",
-    "builtin_tokenizer",
-    "default_data_config",
-    "has_chat_template",
-    "iterator_from_config",
-    "left_pad",
-    "load_prompt_dataset",
-    "load_raw_dataset",
-    "load_tokenizer",
-    "pad_prompt_batch",
-    "prepare_prompts",
-    "prompt_buckets",
-    "validate_data_config",
-]
+_EXPORTS = {
+    "GLOBAL_MAX_PROMPT_LENGTH": "iterator",
+    "PromptIterator": "iterator",
+    "iterator_from_config": "iterator",
+    "PROMPT_IDS": "config",
+    "PROMPT_TEXT": "config",
+    "PROMPT_USER": "config",
+    "default_data_config": "config",
+    "validate_data_config": "config",
+    "load_prompt_dataset": "loading",
+    "load_raw_dataset": "loading",
+    "prepare_prompts": "loading",
+    "bucket_length": "padding",
+    "left_pad": "padding",
+    "pad_prompt_batch": "padding",
+    "prompt_buckets": "padding",
+    "builtin_tokenizer": "tokenizer",
+    "has_chat_template": "tokenizer",
+    "load_tokenizer": "tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"jaxrl_llm.data.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxrl_llm.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -11,22 +11,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from typing import Any
 
 import datasets
-import ml_collections
 import numpy as np
 import transformers
 
 from jaxrl_llm.data import prompts as prompts_lib
+from jaxrl_llm.data.config import PROMPT_IDS, PROMPT_TEXT, PROMPT_USER, use_chat_template_flag, validate_data_config
 from jaxrl_llm.data.tokenizer import has_chat_template
 
 logger = logging.getLogger(__name__)
-
-PROMPT_TEXT = "prompt_text"
-PROMPT_IDS = "prompt_ids"
-PROMPT_USER = "prompt_user"  # the user's prompt before any chat template (what reward models should see)
-_RESERVED = (PROMPT_TEXT, PROMPT_IDS, PROMPT_USER)
 
 # Builder of `datasets.load_dataset` for each local file extension.
 _FILE_BUILDERS = {
@@ -41,86 +35,6 @@ _FILE_BUILDERS = {
 
 # Rows per `datasets.map` call: one fast-tokenizer batch call and one chat-template loop each.
 _MAP_BATCH = 1000
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-    """The `data` config section with its defaults (GSM8K-style: question -> answer)."""
-    c = ml_collections.ConfigDict()
-    c.path = ""  # hub dataset name, or a local .json/.jsonl/.parquet/.csv file or directory
-    c.name = ""  # hub subset (config) name, e.g. "main" for gsm8k; "" for none
-    c.split = "train"  # split to load; slicing works ("train[:1000]"); a local file is split "train"
-    c.cache_dir = ""  # `datasets` cache directory; "" for its default (~/.cache/huggingface)
-    c.prompt_column = "question"  # column holding the prompt (text or a list of chat messages)
-    c.prompt_template = ""  # format string over the row's columns, e.g. "Q: {question}\nA:"; wins over prompt_column
-    c.answer_column = "answer"  # column passed to reward functions under its own name; "" for none
-    c.extra_columns = ()  # further columns passed through to reward functions, e.g. ("tests",)
-    c.system_prompt = ""  # system message (chat template), or a first paragraph of raw prompts
-    c.use_chat_template = ml_collections.FieldReference("auto", field_type=object)  # 'auto' | True | False
-    c.max_prompt_length = 512  # longest prompt in tokens; also the largest padding bucket
-    c.max_prompt_length_policy = "drop"  # longer prompts: 'drop' | 'truncate_left' | 'error'
-    c.shuffle_seed = 0  # epoch e is permutation (shuffle_seed, e) of the rows
-    c.num_epochs = 0  # passes over the data before the iterator stops; 0 for unlimited
-    return c
-
-
-def _check_type(config, field: str, types, expected: str):
-    value = config[field]
-    # bool is an int subclass, but True is no prompt length.
-    if isinstance(value, bool) or not isinstance(value, types):
-        raise ValueError(f"data.{field} must be {expected}, got {value!r}")
-    return value
-
-
-def use_chat_template_flag(value: Any) -> str | bool:
-    """Normalizes `data.use_chat_template`: 'auto', True or False (strings 'true'/'false' accepted)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
-        return {"auto": "auto", "true": True, "false": False}[value.lower()]
-    raise ValueError(f"data.use_chat_template must be 'auto', True or False, got {value!r}")
-
-
-def validate_data_config(config) -> None:
-    """Checks every field of a `data` section; a one-line ValueError naming the first bad field."""
-    missing = [f for f in default_data_config().keys() if f not in config]
-    if missing:
-        raise ValueError(f"data config lacks fields {missing}; start from default_data_config()")
-    for field in ("path", "name", "split", "cache_dir", "prompt_column", "prompt_template", "answer_column",
-                  "system_prompt"):
-        _check_type(config, field, str, "a string")
-    if not config.split:
-        raise ValueError("data.split must name a split, e.g. 'train'")
-    if not config.prompt_column and not config.prompt_template:
-        raise ValueError("data.prompt_column and data.prompt_template are both empty; set one")
-    if config.prompt_template:
-        prompts_lib.template_fields(config.prompt_template)
-    extra = _check_type(config, "extra_columns", (tuple, list), "a tuple of column names")
-    if not all(isinstance(c, str) and c for c in extra):
-        raise ValueError(f"data.extra_columns must hold non-empty column names, got {tuple(extra)!r}")
-    passthrough = ([config.answer_column] if config.answer_column else []) + list(extra)
-    if len(set(passthrough)) != len(passthrough):
-        raise ValueError(f"data.answer_column and data.extra_columns repeat a column: {passthrough}")
-    clash = [c for c in passthrough if c in _RESERVED]
-    if clash:
-        raise ValueError(
-            f"data.answer_column/extra_columns may not use the reserved names {list(_RESERVED)}, got {clash}"
-        )
-    use_chat_template_flag(config.use_chat_template)
-    if _check_type(config, "max_prompt_length", int, "a positive int") <= 0:
-        raise ValueError(f"data.max_prompt_length must be a positive int, got {config.max_prompt_length}")
-    if config.max_prompt_length_policy not in prompts_lib.LENGTH_POLICIES:
-        raise ValueError(
-            f"data.max_prompt_length_policy must be one of {list(prompts_lib.LENGTH_POLICIES)}, "
-            f"got {config.max_prompt_length_policy!r}"
-        )
-    if _check_type(config, "shuffle_seed", int, "a non-negative int") < 0:
-        raise ValueError(f"data.shuffle_seed must be a non-negative int, got {config.shuffle_seed}")
-    if _check_type(config, "num_epochs", int, "a non-negative int") < 0:
-        raise ValueError(f"data.num_epochs must be >= 0 (0 for unlimited), got {config.num_epochs}")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Loading.
 
 
 def _looks_like_local_path(path: str) -> bool:
@@ -162,9 +76,11 @@ def load_raw_dataset(config) -> datasets.Dataset:
         raise ValueError(f"data.path {config.path!r} does not exist")
     try:
         dataset = load()
-    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+    except (OSError, ValueError, StopIteration, datasets.exceptions.DatasetNotFoundError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "corresponds to no data" in message:  # what `datasets` says of a file with no rows
+        # What `datasets` says of a file with no rows: "corresponds to no data", or (its json builder
+        # reading the first batch of an empty file) a bare StopIteration.
+        if "corresponds to no data" in message or isinstance(e, StopIteration):
             raise ValueError(f"data.path {config.path!r} split {config.split!r} has no rows") from e
         raise ValueError(f"data.path {config.path!r} (split {config.split!r}) could not be loaded: {message}") from e
     if isinstance(dataset, datasets.DatasetDict):  # a save_to_disk directory of several splits

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import transformers
+if TYPE_CHECKING:
+    import transformers
 
 Messages = list[dict[str, str]]
 

@@ -6,6 +6,8 @@ entry converts one HF tensor to our per-layer layout and back, so a load -> save
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_llm import faults
 from jaxrl_llm.models.config import ModelConfig, config_to_hf_dict, read_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -268,24 +271,45 @@ def _generation_config(config: ModelConfig) -> dict[str, Any]:
             "pad_token_id": config.pad_token_id, "do_sample": True}
 
 
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swaps two existing paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # kernel or filesystem without the flag
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
 def atomic_directory(path: str, write: Callable[[str], None]):
     """Runs write(tmp_dir) in a sibling temp dir, then renames it to `path` (replacing an old one).
 
-    An interrupted write leaves only a `.tmp-*` directory, never a `path` that looks complete.
+    An interrupted write leaves only a hidden `.NAME.tmp-*` sibling, never a `path` that looks complete;
+    an old `path` is swapped out in one atomic exchange (Linux), so a kill at any moment leaves either
+    the old directory or the new one at `path`. Elsewhere the swap is two renames, and a kill between
+    them leaves the old directory under `.NAME.old-*/x`.
     """
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FileExistsError(f"{path} exists and is not a directory; refusing to replace it")
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         write(tmp)
-        if os.path.exists(path):
+        if not os.path.exists(path):
+            os.rename(tmp, path)
+        elif _exchange(tmp, path):  # tmp now holds the old directory
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.rename(path, os.path.join(old, "x"))
             os.rename(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -309,5 +333,6 @@ def save_hf(path: str, config: ModelConfig, params, *, tokenizer=None, dtype=Non
             json.dump(_generation_config(config), f, indent=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        faults.point("export")  # every file written, not yet renamed into place
 
     atomic_directory(path, write)

@@ -7,7 +7,6 @@ their length scale from `max_completion_length` unless configured.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,0 +1,277 @@
+"""Per-chip memory of an RL run on a device mesh, from the compiled programs themselves, without any chip.
+
+    python benchmarks/memory_plan.py                          # Qwen2.5-7B GRPO, G=8, 1k prompt + 4k completion
+    python benchmarks/memory_plan.py --meshes 1x64x1,1x16x4 --batch_prompts 64 --grad_accum 1
+    python benchmarks/memory_plan.py --algo ppo               # adds the value model and its optimizer state
+    python benchmarks/memory_plan.py --out docs/scaling.md    # also refresh the table in the doc
+    python benchmarks/memory_plan.py --toy                    # seconds: a tiny model (keeps the script from rotting)
+
+How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
+starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is
+allocated), and lowers and compiles the trainer's REAL jitted functions on it: the sampler
+(`sampling._generate`), the reference/value pass (`score`) and the update (`update`), from
+`trainer.step_functions`. XLA's `memory_analysis()` of each compiled program gives the per-device bytes
+of its arguments, outputs and temporaries after SPMD partitioning. Parameters, optimizer states and the
+reference are summed from their shardings (exact). The decode cache (L, N, T, Hkv, hd) for keys and
+values is shown apart, from the layout the sampler's program gives it (rows like the batch over
+data x fsdp, KV heads over tensor when it divides them; checked by tests/test_scaling.py); it is part
+of the sampler's temporaries.
+
+Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
+the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
+to float32, so "temp" (activations, gradients, logits) is an estimate, usually on the high side. Keep
+~10-15% headroom under the chip's memory for the runtime and fragmentation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+GIB = 2 ** 30
+CHIPS = {"v5e": 16 * GIB, "H100": 80 * GIB, "v5p": 95 * GIB}
+
+# config.json of Qwen/Qwen2.5-7B (no download needed: the memory plan uses shapes only).
+QWEN25_7B = {
+    "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643, "use_sliding_window": False,
+}
+TOY = {
+    "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "hidden_act": "silu", "eos_token_id": 1,
+}
+DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--meshes", default=DEFAULT_MESHES, help="comma-separated DATAxFSDPxTENSOR meshes")
+    p.add_argument("--algo", default="grpo", help="config preset (ppo adds a value model)")
+    p.add_argument("--batch_prompts", type=int, default=64, help="prompts per RL step (B)")
+    p.add_argument("--group_size", type=int, default=8, help="completions per prompt (G)")
+    p.add_argument("--prompt_length", type=int, default=1024, help="prompt tokens (P)")
+    p.add_argument("--new_tokens", type=int, default=4096, help="completion tokens (T)")
+    p.add_argument("--grad_accum", type=int, default=0,
+                   help="micro-batches per optimizer step; 0 = the most the mesh allows (1 prompt per row shard)")
+    p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per batch")
+    p.add_argument("--param_dtype", default="bfloat16", help="dtype of parameters and optimizer states")
+    p.add_argument("--compute_dtype", default="bfloat16", help="dtype of matmuls and activations")
+    p.add_argument("--remat", default="full", help="none | full | dots")
+    p.add_argument("--logits_chunk", type=int, default=128, help="sequence chunk of the log-prob pass")
+    p.add_argument("--toy", action="store_true", help="a tiny model and small batch on meshes of 4 devices")
+    p.add_argument("--out", default="", help="markdown file whose memory-plan block is replaced")
+    p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
+    p.add_argument("--json", default="", help="also write the per-chip bytes of every mesh to this JSON file")
+    args = p.parse_args(argv)
+    if args.toy:
+        args.batch_prompts, args.group_size, args.prompt_length, args.new_tokens = 4, 2, 8, 8
+        args.param_dtype = args.compute_dtype = "float32"
+        if args.meshes == DEFAULT_MESHES:
+            args.meshes = "1x2x2"
+    try:
+        args.mesh_list = [tuple(int(v) for v in m.lower().split("x")) for m in args.meshes.split(",") if m]
+    except ValueError:
+        p.error(f"--meshes: expected DATAxFSDPxTENSOR entries like 1x16x4, got {args.meshes!r}")
+    if not args.mesh_list or any(len(m) != 3 or min(m) < 1 for m in args.mesh_list):
+        p.error(f"--meshes: expected DATAxFSDPxTENSOR entries of positive ints, got {args.meshes!r}")
+    return args
+
+
+def grad_accum_for(args, mesh_shape) -> int:
+    """--grad_accum, or (0) the smallest micro-batch the mesh allows: one prompt per data x fsdp shard."""
+    if args.grad_accum:
+        return args.grad_accum
+    per_step = args.batch_prompts // args.minibatches
+    return max(1, per_step // (mesh_shape[0] * mesh_shape[1]))
+
+
+def run_config(args, grad_accum: int):
+    from jaxrl_llm.config import base_config, resolve, validate
+    c = base_config()
+    c.algo = args.algo
+    c.model.path = "memory-plan"  # a non-empty path: the model config comes from the dict above
+    c.model.dtype, c.model.compute_dtype = args.param_dtype, args.compute_dtype
+    c.model.remat, c.model.logits_chunk = args.remat, args.logits_chunk
+    c.rollout.batch_prompts, c.rollout.group_size = args.batch_prompts, args.group_size
+    c.rollout.max_new_tokens = args.new_tokens
+    c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
+    c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
+    c = resolve(c)
+    validate(c)
+    return c
+
+
+def model_config(args):
+    from jaxrl_llm.models.config import config_from_hf_dict
+    return config_from_hf_dict(TOY if args.toy else QWEN25_7B, source="memory_plan", param_dtype=args.param_dtype,
+                               dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk)
+
+
+def per_chip(tree) -> int:
+    """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (the largest shard)."""
+    import jax
+    import numpy as np
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree_util.tree_leaves(tree))
+
+
+def abstract(tree, shardings):
+    import jax
+    return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def plan_one(c, mc, mesh_shape, devices) -> dict:
+    """Per-device bytes of every part of the run on one mesh."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jaxrl_llm import rl, sharding
+    from jaxrl_llm.models import init_params, init_value_params, param_logical_axes, value_logical_axes
+    from jaxrl_llm.sampling import _generate
+    from jaxrl_llm.trainer import TrainState, _compute_key, make_optimizer, step_functions
+
+    mesh = sharding.make_mesh(*mesh_shape, devices=devices[:int(np.prod(mesh_shape))])
+    rep = sharding.replicated(mesh)
+    B, G, P, T = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.rollout.max_new_tokens
+    N = B * G
+    divisor = sharding.batch_divisor(mesh)
+    micro = B // c.train.minibatches // c.train.grad_accum
+    if B % divisor or micro % divisor:
+        raise ValueError(f"mesh {mesh_shape}: batch_prompts={B} (micro-batch {micro} prompts) is not divisible by "
+                         f"data*fsdp={divisor}")
+
+    # ---- the abstract train state, laid out as Trainer.__init__ lays it out
+    p_abs = jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0)))
+    p_sh = sharding.logical_to_sharding(param_logical_axes(mc), p_abs, mesh)
+    params = abstract(p_abs, p_sh)
+    total_updates = c.total_steps * c.train.epochs * c.train.minibatches
+    tx, _ = make_optimizer(c.optimizer, c.optimizer.learning_rate, total_updates)
+    o_abs = jax.eval_shape(tx.init, p_abs)
+    opt = abstract(o_abs, sharding.optimizer_shardings(tx, o_abs, p_sh, mesh))
+    value = value_opt = None
+    if c.value.enabled:
+        v_abs = jax.eval_shape(lambda p: init_value_params(mc, p), p_abs)
+        v_sh = sharding.logical_to_sharding(value_logical_axes(mc), v_abs, mesh, name="value")
+        value = abstract(v_abs, v_sh)
+        vtx, _ = make_optimizer(c.optimizer, c.value.learning_rate, total_updates)
+        vo_abs = jax.eval_shape(vtx.init, v_abs)
+        value_opt = abstract(vo_abs, sharding.optimizer_shardings(vtx, vo_abs, v_sh, mesh))
+    uses_ref, refresh = c.kl.coef > 0, c.kl.coef > 0 and c.ref.refresh_every > 0
+    kl_abs = jax.eval_shape(lambda: rl.AdaptiveKLController.create(max(c.kl.coef, 1e-8), c.kl.target, c.kl.horizon)
+                            if c.kl.adaptive else rl.FixedKLController.create(c.kl.coef))
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=rep)
+    state = TrainState(step=scalar(jnp.int32), opt_step=scalar(jnp.int32),
+                       rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), params=params, opt_state=opt,
+                       ref_params=params if refresh else None, value_params=value, value_opt_state=value_opt,
+                       kl=abstract(kl_abs, jax.tree_util.tree_map(lambda _: rep, kl_abs)), nonfinite=scalar(jnp.int32))
+    ref = params if uses_ref and not refresh else None
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
+    leaves, treedef = jax.tree_util.tree_flatten(shardings)
+    fns = step_functions(_compute_key(c), 0 if c.optimizer.schedule == "constant" else total_updates, mc, mesh,
+                         treedef, tuple(leaves))
+
+    # ---- the rollout batch as Trainer._device_batch builds it
+    rows, vec = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
+    sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows if len(shape) == 2 else vec)
+    batch = {"prompt_tokens": sds((B, P), jnp.int32), "prompt_mask": sds((B, P), jnp.int32),
+             "tokens": sds((N, T), jnp.int32), "mask": sds((N, T), jnp.int32), "loss_mask": sds((N, T), jnp.float32),
+             "sampler_logp": sds((N, T), jnp.float32), "scores": sds((N,), jnp.float32)}
+
+    out = {"params": per_chip(params), "opt": per_chip(opt), "ref": per_chip(state.ref_params or ref),
+           "value": per_chip(value) + per_chip(value_opt)}
+    with sharding.use_mesh(mesh):
+        gen = _generate.lower(mc, params, batch["prompt_tokens"], batch["prompt_mask"],
+                              jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
+                              scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
+                              nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
+        score = fns.score.lower(state, ref, batch).compile()
+        scored = jax.eval_shape(fns.score, state, ref, batch)
+        full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})
+        full.setdefault("old_logp", full["sampler_logp"])
+        adv, returns, _ = jax.eval_shape(fns.advantages, full, state.kl.value)
+        full["adv"] = sds(adv.shape, adv.dtype)
+        full["returns"] = None if returns is None else sds(returns.shape, returns.dtype)
+        pidx = jax.ShapeDtypeStruct((B // c.train.minibatches,), jnp.int32, sharding=rep)
+        update = fns.update.lower(state, full, pidx).compile()
+
+    mem = {name: prog.memory_analysis() for name, prog in (("sample", gen), ("score", score), ("update", update))}
+    out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh)
+    out["batch"] = per_chip(full)
+    for name, m in mem.items():
+        out[f"{name}_temp"] = int(m.temp_size_in_bytes)
+        out[f"{name}_out"] = int(m.output_size_in_bytes - m.alias_size_in_bytes)
+    resident = out["params"] + out["opt"] + out["ref"] + out["value"]
+    out["peak"] = resident + max(out["sample_temp"] + out["sample_out"],
+                                 out["batch"] + out["score_temp"] + out["score_out"],
+                                 out["batch"] + out["update_temp"] + out["update_out"])
+    return out
+
+
+def kv_cache_bytes(mc, N: int, T: int, mesh) -> int:
+    """Per-device bytes of the decode cache: keys + values, (L, N, T, Hkv, hd) each, in the compute dtype,
+    rows over data x fsdp and KV heads over tensor when it divides them (else replicated)."""
+    import jax.numpy as jnp
+    from jaxrl_llm import sharding
+    tensor = mesh.shape["tensor"]
+    heads = mc.num_kv_heads // tensor if mc.num_kv_heads % tensor == 0 else mc.num_kv_heads
+    rows = N // sharding.batch_divisor(mesh)
+    return 2 * mc.num_layers * rows * T * heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+
+
+def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
+    """Headers and rows of the plan: sizes in `unit` bytes per chip, and whether the peak fits each chip."""
+    headers = ["mesh (data x fsdp x tensor)", "grad accum", "params", "optimizer", "reference", "value + opt", "KV cache",
+               "sample temp", "score temp", "update temp", "peak / chip", *[f"fits {k} ({v // GIB} GiB)" for k, v in CHIPS.items()]]
+    rows = []
+    for mesh, r in results:
+        g = lambda k: round(r[k] / unit, 2)
+        rows.append(["x".join(map(str, mesh)), r["grad_accum"], g("params"), g("opt"), g("ref"), g("value"), g("kv_cache"),
+                     g("sample_temp"), g("score_temp"), g("update_temp"), g("peak"),
+                     *["yes" if r["peak"] <= 0.9 * cap else "no" for cap in CHIPS.values()]])
+    return headers, rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    need = max(math.prod(m) for m in args.mesh_list)
+    # Fake CPU devices: only this process (a script, never imported by tests) sets the flag.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    # The programs are analysed, never run: skip LLVM's optimizations (buffer sizes are fixed before).
+    flags += ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={need}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import jax
+    from common import markdown_table, update_markdown
+
+    mc = model_config(args)
+    devices = jax.devices()
+    results = []
+    for mesh in args.mesh_list:
+        print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
+              file=sys.stderr, flush=True)
+        c = run_config(args, grad_accum_for(args, mesh))
+        results.append((mesh, {"grad_accum": c.train.grad_accum, **plan_one(c, mc, mesh, devices)}))
+    headers, rows = table(results, unit=2 ** 20 if args.toy else GIB)
+    title = (f"{'toy model' if args.toy else 'Qwen2.5-7B'} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
+             f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
+             f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}; "
+             f"{'MiB' if args.toy else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
+    text = f"{title}\n\n{markdown_table(headers, rows)}\n"
+    print(text)
+    if args.out:
+        update_markdown(args.out, args.key, text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([{"mesh": list(mesh), **r} for mesh, r in results], f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

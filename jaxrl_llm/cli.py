@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 
 
 def setup_logging(verbose: bool):
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
-    for noisy in ("absl", "orbax", "matplotlib", "jax", "datasets", "filelock", "urllib3", "httpx", "huggingface_hub"):
+    for noisy in ("orbax", "matplotlib", "jax", "datasets", "filelock", "urllib3", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # Orbax logs routine notices (e.g. "read_only=True, setting create=False") as absl warnings.
+    logging.getLogger("absl").setLevel(logging.DEBUG if verbose else logging.ERROR)
+    if not verbose:  # read by `datasets` when it is imported (later, and only if needed)
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     if not verbose:
         # When an Orbax restore fails (a corrupt checkpoint, reported in one line and skipped), its other
         # pending reads fail too: asyncio logs each "exception was never retrieved" with a traceback, and

@@ -4,15 +4,18 @@
 
 `transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)` then gives the checkpoint's logits. The
 directory is written atomically (a temporary sibling renamed at the end); the tokenizer saved in the
-workdir at the start of the run goes with it.
+workdir at the start of the run goes with it. WORKDIR and HF_DIR may be gs:// (or other etils.epath)
+URLs; an object-store output is written locally first, then copied.
 """
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 
 from absl import app, flags
+from etils import epath
 
+from jaxrl_llm import fs
 from jaxrl_llm.cli import flags_parser, run_cli, setup_logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of a training run.")
@@ -31,22 +34,30 @@ def export(workdir: str, out: str, step: int | None = None, dtype: str = "") -> 
     from jaxrl_llm.models import init_params, save_hf
     from jaxrl_llm.models.config import config_from_hf_dict
 
-    config_file = os.path.join(workdir, "model_config.json")
-    if not os.path.isfile(config_file):
+    wd = epath.Path(workdir)
+    config_file = wd / "model_config.json"
+    if not config_file.is_file():
         raise FileNotFoundError(f"{config_file}: not found; is {workdir} the workdir of a jaxrl_llm run?")
-    with open(config_file, encoding="utf-8") as f:
-        hf_config = json.load(f)
-    mc = config_from_hf_dict(hf_config, source=config_file, param_dtype=hf_config.get("torch_dtype", "float32"))
+    hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+    mc = config_from_hf_dict(hf_config, source=str(config_file),
+                             param_dtype=hf_config.get("torch_dtype", "float32"))
     abstract = jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0)))
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(ckpt_dir):
+    ckpt_dir = wd / "checkpoints"
+    if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"{ckpt_dir}: no checkpoints in this workdir")
-    ckpt = Checkpointer(ckpt_dir, async_save=False)
+    ckpt = Checkpointer(str(ckpt_dir), async_save=False)
     step, params = ckpt.restore_params(abstract, step)
-    tok_dir = os.path.join(workdir, "tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir) if os.path.isdir(tok_dir) else None
-    save_hf(out, mc, params, tokenizer=tokenizer, dtype=dtype or None)
     ckpt.close()
+    with tempfile.TemporaryDirectory(prefix="jaxrl_llm-tok-") as tmp:
+        tokenizer = None
+        if (wd / "tokenizer").is_dir():  # copied down first: transformers reads local paths only
+            fs.copy_dir(wd / "tokenizer", epath.Path(tmp))
+            tokenizer = AutoTokenizer.from_pretrained(tmp)
+        write = lambda path: save_hf(path, mc, params, tokenizer=tokenizer, dtype=dtype or None)
+        if fs.is_url(out):
+            fs.write_via_local_dir(epath.Path(out), write)
+        else:
+            write(out)  # atomic in place
     return step
 
 

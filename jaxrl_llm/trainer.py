@@ -20,8 +20,6 @@ import functools
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -35,7 +33,7 @@ from etils import epath
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import distributed as dist
-from jaxrl_llm import faults
+from jaxrl_llm import faults, fs
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm import rl, sharding
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
@@ -367,7 +365,7 @@ class Trainer:
             wd.mkdir(parents=True, exist_ok=True)
         except Exception as e:  # e.g. gs:// without gcsfs installed, or no permission on the bucket
             raise OSError(f"workdir {workdir} cannot be created: {' '.join(str(e).split())[:200]}") from None
-        if not _is_url(workdir) and not os.access(workdir, os.W_OK):
+        if not fs.is_url(workdir) and not os.access(workdir, os.W_OK):
             raise PermissionError(f"workdir {workdir} is not writable")
         check_workdir(workdir, c)
         self.reward_fns = []
@@ -468,9 +466,9 @@ class Trainer:
         self.start_step = start
         if dist.is_main():
             # Rewritten at every start: atomically, or a kill mid-write would leave a run that cannot resume.
-            _write_text_atomic(wd / "config.json", c.to_json(indent=2))
-            _write_text_atomic(wd / "model_config.json", json.dumps(config_to_hf_dict(mc, c.model.dtype), indent=2))
-            _write_via_local_dir(wd / "tokenizer", self.tokenizer.save_pretrained)
+            fs.write_text_atomic(wd / "config.json", c.to_json(indent=2))
+            fs.write_text_atomic(wd / "model_config.json", json.dumps(config_to_hf_dict(mc, c.model.dtype), indent=2))
+            fs.write_via_local_dir(wd / "tokenizer", self.tokenizer.save_pretrained)
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
                                                 resume_step=start)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
@@ -690,8 +688,8 @@ class Trainer:
         if dist.is_main():
             if c.export.at_end:
                 export = lambda out: save_hf(out, self.mc, params, tokenizer=self.tokenizer, dtype=c.export.dtype or None)
-                if _is_url(self.workdir):
-                    _write_via_local_dir(wd / "hf", export)
+                if fs.is_url(self.workdir):
+                    fs.write_via_local_dir(wd / "hf", export)
                 else:
                     export(str(wd / "hf"))  # atomic in place
             metrics_path = wd / "metrics.jsonl"
@@ -700,35 +698,6 @@ class Trainer:
             (wd / "DONE").write_text(f"{int(self.state.step)}\n", encoding="utf-8")  # last: the run is complete
         self.writer.close()
         self.ckpt.close()
-
-
-def _is_url(path) -> bool:
-    """gs://, s3://, ...: object stores, reached through etils.epath (and Orbax for checkpoints)."""
-    return "://" in str(path)
-
-
-def _write_text_atomic(path: epath.Path, text: str) -> None:
-    """Writes a sibling temporary file, then renames it over `path`: readers see the old or the new text."""
-    tmp = path.parent / f".{path.name}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def _write_via_local_dir(dest: epath.Path, write) -> None:
-    """Runs `write(local_dir)` (a writer that only knows local paths: save_pretrained, save_hf) in a
-    temporary directory, then copies the files to `dest`, replacing what was there. Used for local
-    workdirs too, so that the copy is the code path every test exercises."""
-    with tempfile.TemporaryDirectory(prefix="jaxrl_llm-") as tmp:
-        out = os.path.join(tmp, dest.name)
-        write(out)
-        if dest.exists():
-            dest.rmtree()
-        for root, _, files in os.walk(out):
-            target = dest / os.path.relpath(root, out)
-            target.mkdir(parents=True, exist_ok=True)
-            for name in files:
-                with open(os.path.join(root, name), "rb") as src, (target / name).open("wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 24)
 
 
 def _compute_key(c: ml_collections.ConfigDict) -> str:

@@ -618,7 +618,7 @@ def test_setup_is_idempotent_and_pins_jax(sb):
         assert pip == 2 * [
             ["-m", "pip", "install", "-q", "--upgrade", "pip"],
             ["-m", "pip", "install", "-q", f"jax[tpu]=={version}", "-f", FIND_LINKS],
-            ["-m", "pip", "install", "-q", "-e", str(worker / "jaxrl_llm")],
+            ["-m", "pip", "install", "-q", "-e", str(worker / "jaxrl_llm") + "[gcs]"],
         ]
         assert {str(p.relative_to(worker / "jaxrl_llm")) for p in (worker / "jaxrl_llm").rglob("*")
                 if p.is_file()} == sb.expected_files

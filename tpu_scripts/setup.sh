@@ -62,7 +62,8 @@ remote+="; if [ ! -x $venv/bin/python ]; then $py -m venv $venv || { rm -rf $ven
 remote+="; $venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo \"\$(hostname): the venv has Python < 3.11 (jaxrl_llm needs >= 3.11): delete it and pass --python\" >&2; exit 1; }"
 remote+="; $venv/bin/python -m pip install -q --upgrade pip"
 remote+="; $venv/bin/python -m pip install -q $(printf '%q' "jax[tpu]==$JAX_VERSION") -f $JAXRL_LIBTPU_FIND_LINKS"
-remote+="; $venv/bin/python -m pip install -q -e $(rpath "$CODE_DIR")"
+# The gcs extra: gs:// workdirs (etils.epath, TensorBoard) need gcsfs and google-cloud-storage.
+remote+="; $venv/bin/python -m pip install -q -e $(rpath "$CODE_DIR")'[gcs]'"
 remote+="; $venv/bin/python -c 'import jax, jaxrl_llm; print(\"jaxrl_llm ready, jax\", jax.__version__)'"
 
 upload_code

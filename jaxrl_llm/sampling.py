@@ -7,8 +7,13 @@ One XLA program per (B, P, T, G) and sampling mode:
   1. prefill: the B prompts run once; their per-layer keys/values (L,B,P,Hkv,hd) are the shared prefix
      that all G completions of a prompt attend to -- never copied G times;
   2. the first token of every row is drawn from its prompt's last logits;
-  3. a `lax.while_loop` decodes one token per step for all N rows into a (L,N,T,Hkv,hd) cache that the
-     loop carries and XLA updates in place, and exits as soon as every row has emitted an EOS.
+  3. a `lax.while_loop` decodes one token per step for all N rows into per-layer (N,Hkv,T,hd) caches
+     that the loop carries and XLA updates in place, and exits as soon as every row has emitted an EOS
+     (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
+
+Drawing: one uniform per row inverts the CDF of softmax(logits / temperature) (`_categorical`), instead
+of Gumbel-max's V random numbers per row; greedy is an argmax. Both are exact; on CPU they cut the
+per-token cost of drawing from more than the whole decoder's to a few percent (docs/benchmarks.md).
 
 Log-prob convention (the trainer's, DESIGN section 4): `logprobs[n, t]` is
 log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k` and
@@ -22,6 +27,7 @@ lengths compile only a handful of shapes.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import flax.struct
@@ -30,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.lm import decode_step, logits_from_hidden, prefill
+from jaxrl_llm.models.lm import decode_prepare, decode_step, init_cache, logits_from_hidden, prefill
 
 
 @flax.struct.dataclass
@@ -107,27 +113,76 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
                      nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id))
 
 
+def _argmax(x):
+    """First index of the maximum over the last axis, as `jnp.argmax`. (..., V) -> (...) int32.
+
+    Written as two single-operand reductions (max, then min of the matching indices) because XLA:CPU
+    runs argmax's (value, index) pair reduction unvectorized: ~20x slower over a vocabulary.
+    """
+    v = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.minimum(jnp.min(jnp.where(x == top, iota, v), axis=-1), v - 1)  # NaN row: v - 1
+
+
+def _logp_at(logits, token):
+    """log_softmax(logits) at `token`, float32: logits (N,V), token (N,) -> (N,)."""
+    picked = jnp.take_along_axis(logits, token[:, None], -1)[:, 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def _categorical(key, logits):
+    """One draw per row from softmax(logits), logits (N,K) float32 (-inf allowed, >= 1 finite per row).
+
+    Inverts the CDF with ONE uniform per row, in two levels: pick a block of c ~ sqrt(K) entries from the
+    block masses, then the entry inside it. Gumbel-max would need N*K random numbers per step, and
+    threefry on CPU costs more than the whole decoder layer stack of a small model. The law is exactly
+    softmax(logits) up to float32 rounding of the partial sums (~1e-7 relative); an entry of zero
+    probability is never drawn. Returns (token (N,) int32, log of the normalizer: logsumexp (N,)).
+    """
+    n, k = logits.shape
+    c = 1 << max(math.ceil(math.log2(math.sqrt(k))), 0)
+    nb = -(-k // c)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    p = jnp.pad(jnp.exp(logits - top), ((0, 0), (0, nb * c - k)))  # (N, nb*c), 0 on -inf and padding
+    blocks = p.reshape(n, nb, c)
+    mass = jnp.sum(blocks, axis=-1)  # (N, nb)
+    cum = jnp.cumsum(mass, axis=-1)
+    target = jax.random.uniform(key, (n,), jnp.float32) * cum[:, -1]  # uniform in [0, total mass)
+
+    def first_above(cum_row, x, weights):
+        """Index of the first cum > x (zero-weight entries have cum equal to their predecessor's, so they
+        are never chosen), clipped to the last positive entry against rounding at the top end."""
+        iota = jax.lax.broadcasted_iota(jnp.int32, weights.shape, 1)
+        last = jnp.max(jnp.where(weights > 0, iota, 0), axis=-1)
+        return jnp.minimum(jnp.sum((cum_row <= x[:, None]).astype(jnp.int32), axis=-1), last)
+
+    b = first_above(cum, target, mass)  # (N,) block
+    before = jnp.where(b > 0, jnp.take_along_axis(cum, jnp.maximum(b - 1, 0)[:, None], -1)[:, 0], 0.0)
+    row = jnp.take_along_axis(blocks, b[:, None, None], 1)[:, 0]  # (N, c)
+    w = first_above(jnp.cumsum(row, axis=-1), target - before, row)
+    return (b * c + w).astype(jnp.int32), top[:, 0] + jnp.log(cum[:, -1])
+
+
 def _draw(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
     """Draws one token per row. logits (N,V) float32 -> (token (N,), logprob (N,) full-vocab convention)."""
     if greedy:
-        token = jnp.argmax(logits, axis=-1)
-        return token.astype(jnp.int32), jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], -1)[:, 0]
+        token = _argmax(logits)
+        return token, _logp_at(logits, token)
     scaled = logits / temperature
-    logp = jax.nn.log_softmax(scaled)
     if top_k == 0 and not nucleus:
-        token = jax.random.categorical(key, scaled, axis=-1)
-    else:
-        # Candidates sorted by descending probability: the top-k, or the whole vocabulary for nucleus.
-        k = top_k if top_k > 0 else scaled.shape[-1]
-        cand, idx = jax.lax.top_k(scaled, k)
-        if nucleus:
-            probs = jax.nn.softmax(cand, axis=-1)
-            mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix with mass >= top_p
-            cand = jnp.where(mass_before < top_p, cand, -jnp.inf)
-        choice = jax.random.categorical(key, cand, axis=-1)
-        token = jnp.take_along_axis(idx, choice[:, None], -1)[:, 0]
-    token = token.astype(jnp.int32)
-    return token, jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
+        token, log_z = _categorical(key, scaled)  # the normalizer of the draw is that of the log-prob
+        return token, jnp.take_along_axis(scaled, token[:, None], -1)[:, 0] - log_z
+    # Candidates sorted by descending probability: the top-k, or the whole vocabulary for nucleus.
+    k = top_k if top_k > 0 else scaled.shape[-1]
+    cand, idx = jax.lax.top_k(scaled, k)
+    if nucleus:
+        probs = jax.nn.softmax(cand, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix with mass >= top_p
+        cand = jnp.where(mass_before < top_p, cand, -jnp.inf)
+    choice, _ = _categorical(key, cand)
+    token = jnp.take_along_axis(idx, choice[:, None], -1)[:, 0].astype(jnp.int32)
+    return token, _logp_at(scaled, token)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
@@ -137,14 +192,13 @@ def _generate(config, params, prompts, prompt_mask, rng, temperature, top_p, *, 
     b, _ = prompts.shape
     g, t_max = num_samples, max_new_tokens
     n = b * g
-    dt = jnp.dtype(config.dtype)
     draw = functools.partial(_draw, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
                              nucleus=nucleus)
     eos = jnp.asarray(eos_ids, jnp.int32)
 
     # 1. prefill once per prompt.
-    hidden, (pk, pv) = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
-    prefix, prefix_mask = (pk, pv), prompt_mask.astype(bool)
+    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    prefix_mask = prompt_mask.astype(bool)
     last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
     start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
 
@@ -155,9 +209,10 @@ def _generate(config, params, prompts, prompt_mask, rng, temperature, top_p, *, 
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
     done = jnp.isin(token, eos)
 
-    # 3. decode: step t feeds token t (cache slot t) and draws token t+1.
-    cache_shape = (config.num_layers, n, t_max, config.num_kv_heads, config.head_dim)
-    cache = (jnp.zeros(cache_shape, dt), jnp.zeros(cache_shape, dt))
+    # 3. decode: step t feeds token t (cache slot t) and draws token t+1. Weights are fused and the prompt
+    # prefix re-laid out once here, outside the loop.
+    weights, prefix = decode_prepare(config, params, prefix_kv)
+    cache = init_cache(config, n, t_max)
 
     def cond(state):
         t, _, _, _, done, _, _ = state
@@ -165,10 +220,12 @@ def _generate(config, params, prompts, prompt_mask, rng, temperature, top_p, *, 
 
     def body(state):
         t, tokens, logprobs, mask, done, cache, token = state
-        hidden, cache = decode_step(config, params, token[:, None], (start + t)[:, None], cache, t, prefix,
-                                    prefix_mask)
-        logits = logits_from_hidden(config, params, hidden[:, 0])
-        new, logp = draw(jax.random.fold_in(rng, t + 1), logits)
+        with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
+            hidden, cache = decode_step(config, params, weights, token, start + t, cache, t, prefix, prefix_mask)
+        with jax.named_scope("lm_head"):
+            logits = logits_from_hidden(config, params, hidden)
+        with jax.named_scope("draw"):
+            new, logp = draw(jax.random.fold_in(rng, t + 1), logits)
         alive = ~done
         new = jnp.where(alive, new, pad_id)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))

@@ -376,7 +376,7 @@ def test_metrics_writer_rewrite_mode_matches_append_mode(tmp_path):
 
 def test_write_via_local_dir_replaces_the_destination(tmp_path):
     from etils import epath
-    from jaxrl_llm.trainer import _write_via_local_dir
+    from jaxrl_llm.fs import write_via_local_dir as _write_via_local_dir
     dest = epath.Path(tmp_path) / "hf"
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "stale.txt").write_text("old")

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.transformer import Decoder, lm_head_weight
+from jaxrl_llm.models.transformer import (Decoder, decode_layer, decode_weights, lm_head_weight, rms_norm,
+                                          rope_cos_sin)
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -44,7 +45,7 @@ def param_logical_axes(config: ModelConfig, *, with_lm_head: bool = True):
 def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.Array | None = None):
     """Final-norm hidden states (B,T,D) of a left-padded batch; positions come from the mask."""
     mask = jnp.ones_like(tokens) if attention_mask is None else attention_mask
-    hidden, _, _ = Decoder(config, with_lm_head=False).apply(
+    hidden, _ = Decoder(config, with_lm_head=False).apply(
         {"params": params}, tokens, positions_from_mask(mask), causal_mask(mask))
     return hidden
 
@@ -110,7 +111,7 @@ def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Ar
 
     Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd).
     """
-    hidden, _, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
+    hidden, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
         {"params": params}, prompts, positions_from_mask(prompt_mask), causal_mask(prompt_mask))
     return hidden, kv
 
@@ -130,23 +131,88 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    c_hidden, _, _ = Decoder(config, with_lm_head=False).apply(
+    c_hidden, _ = Decoder(config, with_lm_head=False).apply(
         {"params": params}, completions, positions, causal_mask(completion_mask), prefix=kv,
         prefix_mask=prompt_mask.astype(bool))
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
     return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
 
 
-def decode_step(config: ModelConfig, params, tokens, positions, cache, cache_index, prefix, prefix_mask):
-    """One decoding step for all N rows. tokens/positions (N,1); cache (k, v) each (L,N,T,Hkv,hd);
-    cache_index scalar slot t; prefix (k, v) each (L,B,P,Hkv,hd); prefix_mask (B,P) bool.
+# Depth up to which a decode step unrolls the layer loop; deeper models scan over the stacked layers.
+# Unrolled, a step reads per-layer copies of the weights (fused q|k|v and gate|up) made once per
+# `generate` call; scanned, it reads the parameters in place. On CPU, XLA copies every dynamic slice
+# that feeds a matmul, so the scan copies each layer's weights and cache at every token (~20% of a step
+# on small models); but unrolling costs compile time per layer (~0.35 s on CPU) and a copy of the weights
+# for the duration of the call, which only small models can take for free. See docs/benchmarks.md.
+DECODE_UNROLL_MAX_LAYERS = 8
+DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # of layer weights (the copy an unrolled generation makes)
 
-    Returns (hidden (N,1,D), updated cache). The step sees the prompt plus cache slots 0..t.
+
+def decode_unrolled(config: ModelConfig) -> bool:
+    """Whether decode steps unroll the layer loop: small models only (see DECODE_UNROLL_MAX_*)."""
+    c = config
+    layer_weights = c.num_params() - c.hidden_size * (1 + c.vocab_size * (1 if c.tie_word_embeddings else 2))
+    return (c.num_layers <= DECODE_UNROLL_MAX_LAYERS
+            and layer_weights * jnp.dtype(c.param_dtype).itemsize <= DECODE_UNROLL_MAX_BYTES)
+
+
+def decode_prepare(config: ModelConfig, params, prefix_kv):
+    """Once per generation, outside the token loop: the weights of `decode_layer` and the prompt prefix.
+    prefix_kv: `prefill`'s (k, v), each (L,B,P,Hkv,hd).
+
+    Returns (weights, prefix). When `decode_unrolled(config)`: L-tuples of per-layer fused weights and of
+    per-layer head-major prefixes (k, v) each (B,Hkv,P,hd) -- copies. Else: views of the stacked
+    parameters and the stacked prefix as it is; `decode_step` transposes one layer of it at a time.
     """
-    n = tokens.shape[0]
-    slots = cache[0].shape[2]
-    self_mask = jnp.broadcast_to((jnp.arange(slots) <= cache_index)[None, None, :], (n, 1, slots))
-    hidden, cache, _ = Decoder(config, decode=True, with_lm_head=False).apply(
-        {"params": params}, tokens, positions, self_mask, prefix=prefix, prefix_mask=prefix_mask,
-        cache=cache, cache_index=cache_index)
-    return hidden, cache
+    if not decode_unrolled(config):
+        return decode_weights(config, params["layers"], fuse=False), prefix_kv
+    weights = decode_weights(config, params["layers"], fuse=True)
+    pk, pv = (x.swapaxes(2, 3) for x in prefix_kv)
+    layers = range(config.num_layers)
+    return (tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], weights) for l in layers),
+            tuple((pk[l], pv[l]) for l in layers))
+
+
+def init_cache(config: ModelConfig, rows: int, slots: int):
+    """Empty key/value caches for `rows` completions of up to `slots` tokens, head-major (N,Hkv,T,hd):
+    an L-tuple of (k, v) when `decode_unrolled(config)`, else one stacked (k, v) pair (L,N,Hkv,T,hd).
+
+    Every buffer is filled with its own constant: XLA merges identical constant arrays into one buffer
+    and then copies them apart at every step of the loop. The fill is never seen: a slot is written
+    before the step whose attention mask first admits it, and masked slots get exactly zero weight.
+    """
+    dt = jnp.dtype(config.dtype)
+    shape = (rows, config.num_kv_heads, slots, config.head_dim)
+    axes = ("batch", "act_heads", "length", "head_dim")  # rows over data x fsdp, KV heads over tensor
+    full = lambda value, layers=(): nn.with_logical_constraint(jnp.full((*layers, *shape), value, dt),
+                                                               (*(("layers",) if layers else ()), *axes))
+    if not decode_unrolled(config):
+        return full(0, (config.num_layers,)), full(1, (config.num_layers,))
+    return tuple((full(2 * l), full(2 * l + 1)) for l in range(config.num_layers))
+
+
+def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask):
+    """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`;
+    cache from `init_cache` (or a previous step); cache_index scalar slot t; prefix_mask (B,P) bool.
+
+    Returns (hidden (N,D) after the final norm, updated cache). The step sees the prompt plus slots 0..t.
+    """
+    c = config
+    x = nn.with_logical_constraint(jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype)),
+                                   ("batch", "act_embed"))
+    cos, sin = (a[:, 0] for a in rope_cos_sin(c, positions[:, None]))
+    if decode_unrolled(c):
+        new_cache = []
+        for w, layer_cache, layer_prefix in zip(weights, cache, prefix):
+            x, layer_cache = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask)
+            new_cache.append(layer_cache)
+        cache = tuple(new_cache)
+    else:
+        def one(carry, xs):
+            x, cache = carry
+            layer, w, pk, pv = xs
+            prefix = (pk.swapaxes(1, 2), pv.swapaxes(1, 2))  # (B,Hkv,P,hd)
+            return decode_layer(c, w, x, cos, sin, cache, cache_index, prefix, prefix_mask, layer), None
+
+        (x, cache), _ = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))
+    return rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), cache

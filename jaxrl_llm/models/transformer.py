@@ -3,13 +3,12 @@
 Shapes: N rows, S query tokens, K self keys, B prompt rows with N = B*G (G completions per prompt),
 P prompt tokens, L layers, D hidden, H heads, Hkv key/value heads, R = H/Hkv, hd head dim, V vocab.
 
-One `Decoder` serves every use through three optional inputs:
+One `Decoder` serves every multi-token pass:
   * plain (training / HF parity): attention among the S tokens under `self_mask` (N,S,S);
   * `prefix`: per-layer keys/values of a shared prompt (L,B,P,Hkv,hd) that every row n = b*G + g also
-    attends to -- the prompt is computed once per prompt, not once per completion (sampling and training);
-  * `cache`: a decode step writes its key/value into slot `cache_index` of a carried cache
-    (L,N,T,Hkv,hd), updated in place by XLA, and attends to the slots `self_mask` (N,1,T) allows.
+    attends to -- the prompt is computed once per prompt, not once per completion (sampling and training).
 Layers are stacked with `nn.scan` (compile time independent of depth) and optionally rematerialized.
+The sampler's one-token step is `decode_layer` at the end of this file: the same layer as plain arrays.
 """
 from __future__ import annotations
 
@@ -110,9 +109,14 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                            (x.shape[-1],), self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (scale * y.astype(x.dtype)).astype(x.dtype)
+        return rms_norm(x, scale, self.eps)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis in float32, then `scale * x.astype(input dtype)` as transformers does."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (scale * y.astype(x.dtype)).astype(x.dtype)
 
 
 class Dense(nn.Module):
@@ -175,18 +179,15 @@ def attend(q, k, v, self_mask, prefix=None):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder layer; the body of the layer scan. Carry: (x, cache); xs: (layer, prefix)."""
+    """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v)."""
 
     config: ModelConfig
-    decode: bool = False  # write k/v into the carried cache at `cache_index` and attend over the cache
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
 
     @nn.compact
-    def __call__(self, carry, xs, cos, sin, self_mask, prefix_mask, cache_index):
+    def __call__(self, x, prefix_kv, cos, sin, self_mask, prefix_mask):
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
-        x, cache = carry
-        layer, prefix_kv = xs
         dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name)
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="input_norm")(x)
@@ -198,17 +199,8 @@ class Block(nn.Module):
             k = RMSNorm(c.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
-        if self.decode:
-            ck, cv = cache
-            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, cache_index, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, cache_index, 0, 0))
-            cache = (ck, cv)
-            keys = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
-            values = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
-        else:
-            keys, values = k, v
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
-        a = attend(q, keys, values, self_mask, prefix)
+        a = attend(q, k, v, self_mask, prefix)
         x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)
@@ -217,7 +209,7 @@ class Block(nn.Module):
         mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
         x = x + dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-        return (x, cache), ((k, v) if self.return_kv else None)
+        return x, ((k, v) if self.return_kv else None)
 
 
 _REMAT_POLICIES = {
@@ -227,20 +219,18 @@ _REMAT_POLICIES = {
 
 
 class Decoder(nn.Module):
-    """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), cache, per-layer kv or None).
+    """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), per-layer (k, v) or None).
 
     The LM head is applied outside (`lm_head_weight`) so that log-probs can be computed in sequence
     chunks and the value model can skip it; `with_lm_head` only declares its parameters (untied models).
     """
 
     config: ModelConfig
-    decode: bool = False
     return_kv: bool = False
     with_lm_head: bool = True
 
     @nn.compact
-    def __call__(self, tokens, positions, self_mask, prefix=None, prefix_mask=None, cache=None,
-                 cache_index=None):
+    def __call__(self, tokens, positions, self_mask, prefix=None, prefix_mask=None):
         c = self.config
         pdt = jnp.dtype(c.param_dtype)
         embedding = self.param("embed", nn.with_logical_partitioning(_init(), ("vocab", "embed")),
@@ -258,15 +248,129 @@ class Decoder(nn.Module):
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-        (x, cache), kv = layers(c, self.decode, self.return_kv, name="layers")(
-            (x, cache), (jnp.arange(c.num_layers, dtype=jnp.int32), prefix), cos, sin, self_mask,
-            prefix_mask, cache_index)
+        x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, self_mask, prefix_mask)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="final_norm")(x)
-        return x, cache, kv
+        return x, kv
 
 
 def lm_head_weight(config: ModelConfig, params) -> jax.Array:
     """(D, V) output projection: the transposed embedding when tied."""
     return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+
+
+# ------------------------------------------------------------------------ one-token decode step (sampler)
+# The sampler's hot loop is a plain function of one layer's arrays rather than the `Block` module, so
+# that a step can run either over per-layer arrays in an unrolled loop or over the stacked layers in a
+# scan (models/lm.py `decode_step` picks). Same arithmetic as `Block` (float32 norms and softmax); the
+# cache is head-major (N,Hkv,T,hd) so that the per-step attention reads it without a transpose.
+def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
+    """One layer's params (or the stacked (L, ...) tree) -> the weights `decode_layer` reads.
+
+    fuse=False: views of the params (reshapes, no copy): q, k, v (..., D, heads*hd), o (..., H*hd, D),
+    gate, up (..., D, F), down (..., F, D), the norm scales, and the biases / q-k norms the architecture
+    has. fuse=True: q|k|v concatenated into one qkv matrix and gate|up into gate_up, so a step runs 4
+    matmuls per layer instead of 7 -- at the price of a copy of the weights.
+    """
+    c = config
+    lead = layer["input_norm"]["scale"].shape[:-1]  # () for one layer, (L,) for the stack
+    flat = lambda kernel: kernel.reshape(*lead, c.hidden_size, -1)
+    w = {"input_norm": layer["input_norm"]["scale"], "post_attn_norm": layer["post_attn_norm"]["scale"],
+         "q": flat(layer["q_proj"]["kernel"]), "k": flat(layer["k_proj"]["kernel"]),
+         "v": flat(layer["v_proj"]["kernel"]),
+         "o": layer["o_proj"]["kernel"].reshape(*lead, c.num_heads * c.head_dim, c.hidden_size),
+         "gate": layer["gate_proj"]["kernel"], "up": layer["up_proj"]["kernel"], "down": layer["down_proj"]["kernel"]}
+    if c.qkv_bias:
+        w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"].reshape(*lead, -1) for k in "qkv"})
+    if c.o_bias:
+        w["o_bias"] = layer["o_proj"]["bias"]
+    if c.mlp_bias:
+        w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"] for k in ("gate", "up", "down")})
+    if c.qk_norm:
+        w["q_norm"], w["k_norm"] = layer["q_norm"]["scale"], layer["k_norm"]["scale"]
+    if fuse:
+        for fused, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))):
+            for suffix in ("", "_bias"):
+                if f"{parts[0]}{suffix}" in w:
+                    w[f"{fused}{suffix}"] = jnp.concatenate([w.pop(f"{p}{suffix}") for p in parts], axis=-1)
+    return w
+
+
+def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
+    """Attention of one new token per row over [its prompt ; cache slots 0..index], softmax in float32.
+
+    q (N,Hkv,R,hd); cache_k, cache_v (N,Hkv,T,hd) with this step's key/value already in slot `index`;
+    prefix_k, prefix_v (B,Hkv,P,hd) shared by the G = N/B rows of each prompt (never copied G times);
+    prefix_mask (B,P) bool. The two score blocks are normalized jointly (one max, one sum) without being
+    concatenated. Returns (N,Hkv,R,hd) float32.
+    """
+    n, kvh, r, hd = q.shape
+    b, _, p, _ = prefix_k.shape
+    g = n // b
+    scale = hd ** -0.5
+    to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
+    to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
+    s = jnp.einsum("nkrd,nktd->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(jnp.arange(cache_k.shape[2]) <= index, s, _NEG)
+    sp = jnp.einsum("bkqd,bkpd->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
+    sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG)
+    top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
+    e = jnp.exp(s - top[..., None])
+    ep = jnp.exp(sp - to_prompts(top)[..., None])
+    total = jnp.sum(e, axis=-1) + to_rows(jnp.sum(ep, axis=-1))
+    out = jnp.einsum("nkrt,nktd->nkrd", e.astype(cache_v.dtype), cache_v, preferred_element_type=jnp.float32)
+    out = out + to_rows(jnp.einsum("bkqp,bkpd->bkqd", ep.astype(prefix_v.dtype), prefix_v,
+                                   preferred_element_type=jnp.float32))
+    return out / total[..., None]
+
+
+def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
+    """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k, v) each (N,Hkv,T,hd), or
+    the stacked (L,N,Hkv,T,hd) caches with `layer` the index of this one; index scalar slot; prefix (k, v)
+    each (B,Hkv,P,hd); prefix_mask (B,P) bool.
+
+    Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
+    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
+    """
+    c = config
+    dt = jnp.dtype(c.dtype)
+    n = x.shape[0]
+    h, kvh, hd = c.num_heads, c.num_kv_heads, c.head_dim
+    dense = lambda y, name: _dense_step(y, w, name, dt)
+
+    y = rms_norm(x, w["input_norm"], c.rms_norm_eps)
+    if "qkv" in w:
+        q, k, v = jnp.split(dense(y, "qkv"), [h * hd, (h + kvh) * hd], axis=-1)
+    else:
+        q, k, v = dense(y, "q"), dense(y, "k"), dense(y, "v")
+    q, k, v = q.reshape(n, 1, h, hd), k.reshape(n, 1, kvh, hd), v.reshape(n, kvh, 1, hd)
+    if c.qk_norm:
+        q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
+    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+    q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
+    ck, cv = cache
+    k = k.reshape(n, kvh, 1, hd)
+    if layer is None:
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+        keys, values = ck, cv
+    else:
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, index, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
+        keys = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
+        values = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
+    a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask)
+    x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
+
+    y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
+    gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
+    mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
+    x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))
+    return x, (ck, cv)
+
+
+def _dense_step(x, w, name, dt):
+    y = jnp.dot(x.astype(dt), w[name].astype(dt))
+    bias = w.get(f"{name}_bias")
+    return y if bias is None else y + bias.astype(dt)

@@ -1,0 +1,259 @@
+"""Sampler throughput: `jaxrl_llm.sampling.generate` against transformers `generate` (PyTorch CPU), same
+weights, same prompts, side by side; and the cost of G completions per prompt (prefill sharing).
+
+    python benchmarks/sampler.py                          # ~3M and ~30M models, B=64, 32 + 64 tokens
+    python benchmarks/sampler.py --out docs/benchmarks.md # also refresh the results block of the doc
+    python benchmarks/sampler.py --toy                    # seconds: keeps the script from rotting (tests)
+
+Fairness: both sample from the full distribution (temperature 1, no top-k, no top-p) in float32 and both
+produce every row to full length. The HF model has no EOS token, so `generate` runs max_new_tokens
+steps. Our loop stops only once every row has drawn its EOS (an id of probability ~1/V per draw); the
+script checks that it ran all T steps, and a row that drew it keeps being computed (then padded) just
+like HF's finished rows, so both compute N*T tokens. Timed calls exclude the first one (compilation,
+warm-up), reported separately; the two libraries alternate call by call so that the load of a shared
+machine hits both alike; the median of the repeats is reported. transformers runs with one thread per
+core and with one thread (`--threads`) and the ratio is taken against the faster: on a loaded machine
+torch's OpenMP threads spin at barriers while their partner is descheduled, and 2 threads can be 10x
+slower than 1. XLA keeps its default (one thread per core). `--wait-idle` waits, before each timed call,
+until other processes leave the machine idle.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (ModelSize, build_models, machine_description, markdown_table, matmul_peak_flops,  # noqa: E402
+                    time_interleaved, update_markdown, wait_for_idle)
+
+from jaxrl_llm.models import token_logprobs  # noqa: E402
+from jaxrl_llm.models.lm import logits_from_hidden, prefill  # noqa: E402
+from jaxrl_llm.sampling import generate  # noqa: E402
+
+SIZES = {
+    "3M": ModelSize("3M", vocab_size=8192, hidden_size=128, intermediate_size=512, num_layers=4, num_heads=4,
+                    num_kv_heads=2),
+    "30M": ModelSize("30M", vocab_size=16384, hidden_size=384, intermediate_size=1536, num_layers=8,
+                     num_heads=6, num_kv_heads=2),
+    "toy": ModelSize("toy", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=2),
+}
+TARGETS = {"3M": 5.0, "30M": 2.0}  # issue 3: minimum speed-up over transformers
+
+
+def flops_per_token(config, context: float) -> float:
+    """Forward FLOPs of one token: 2 per weight of the blocks and the LM head (the embedding is a gather)
+    plus attention scores and weighted values over `context` keys (2 * 2 * H * hd per key and layer)."""
+    weights = config.num_params() - config.vocab_size * config.hidden_size * (
+        0 if config.tie_word_embeddings else 1)
+    return 2.0 * weights + 4.0 * config.num_layers * config.num_heads * config.head_dim * context
+
+
+def hf_generate(model, prompts, mask, max_new_tokens, seed, num_return_sequences=1):
+    """transformers sampling from the full distribution; returns the (rows, P+T) output ids."""
+    import torch
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.as_tensor(prompts, dtype=torch.long),
+                             attention_mask=torch.as_tensor(mask, dtype=torch.long), do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                             num_return_sequences=num_return_sequences, pad_token_id=0)
+    rows = prompts.shape[0] * num_return_sequences
+    if tuple(out.shape) != (rows, prompts.shape[1] + max_new_tokens):  # HF stopped early: not comparable
+        raise RuntimeError(f"transformers generated shape {tuple(out.shape)}, expected full length")
+    return out
+
+
+def hf_with_threads(threads: int, fn):
+    """fn with torch's intra-op thread count set to `threads` for the call."""
+    def call(i):
+        import torch
+        torch.set_num_threads(threads)
+        return fn(i)
+    return call
+
+
+def jax_generate(config, params, prompts, mask, max_new_tokens, seed, num_samples=1):
+    eos = config.vocab_size - 1  # drawn with ~1/V probability; the loop runs until every row drew it
+    return generate(config, params, prompts, mask, jax.random.PRNGKey(seed), max_new_tokens=max_new_tokens,
+                    num_samples=num_samples, temperature=1.0, top_k=0, top_p=1.0, eos_ids=[eos], pad_id=0)
+
+
+def full_length(rollout, max_new_tokens):
+    """The rollout, after checking that the while loop ran all T steps (it exits early only when every
+    row is done, and then no row reaches length T)."""
+    longest = int(np.asarray(rollout.lengths).max())
+    if longest != max_new_tokens:
+        raise RuntimeError(f"the sampler stopped after {longest} of {max_new_tokens} steps")
+    return rollout
+
+
+def logp_gap(config, params, rollout) -> float:
+    """Max |sampler log-prob - trainer log-prob| over the rollout's valid tokens (the trainer's
+    `token_logprobs` recomputed teacher-forced on [prompt ; completion])."""
+    full = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
+    full_mask = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1)
+    p = rollout.prompt_tokens.shape[1]
+    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], 1.0)[:, p - 1:]
+    valid = np.asarray(rollout.mask).astype(bool)
+    return float(np.abs(np.asarray(ref) - np.asarray(rollout.logprobs))[valid].max())
+
+
+def bench_size(size: ModelSize, args, before_each, log):
+    b, p, t, g = args.batch, args.prompt_len, args.new_tokens, args.group
+    if b % g:
+        raise ValueError(f"--batch {b} must be a multiple of --group {g}")
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, config, params = build_models(tmp, size, max_positions=max(256, p + t))
+    n_params = config.num_params()
+    log(f"\n== {size.name}: {n_params / 1e6:.2f}M parameters (vocab {config.vocab_size}, hidden "
+        f"{config.hidden_size}, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
+        f"mlp {config.intermediate_size}, {config.model_type})")
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, config.vocab_size - 1, (b, p)).astype(np.int32)
+    mask = np.ones((b, p), np.int32)
+    prompts_j, mask_j = jnp.asarray(prompts), jnp.asarray(mask)
+    prefill_fn = jax.jit(lambda tokens, m: logits_from_hidden(
+        config, params, prefill(config, params, tokens, m, with_lm_head=False)[0][:, -1]))
+
+    # 1. throughput, side by side; prefill alone, to split our time into prefill and decode steps.
+    hf_runs = {f"hf{k}": hf_with_threads(k, lambda i: hf_generate(hf, prompts, mask, t, i)) for k in args.threads}
+    times = time_interleaved({
+        "jax": lambda i: full_length(jax_generate(config, params, prompts_j, mask_j, t, i), t), **hf_runs,
+        "prefill": lambda i: prefill_fn(prompts_j, mask_j),
+    }, repeats=args.repeats, before_each=before_each)
+    best = min(hf_runs, key=lambda k: times[k].median)  # HF at its best thread count
+    times["hf"], r_threads = times[best], int(best[2:])
+    tokens = b * t
+    flops = tokens * flops_per_token(config, p + t / 2)
+    gap = logp_gap(config, params, jax_generate(config, params, prompts_j, mask_j, t, 0))
+    r = dict(name=size.name, params=n_params, times=times, jax_tps=tokens / times["jax"].median,
+             hf_tps=tokens / times["hf"].median, flops=flops, logp_gap=gap, hf_threads=r_threads)
+    r["ratio"] = r["jax_tps"] / r["hf_tps"]
+    r["step_ms"] = (times["jax"].median - times["prefill"].median) / (t - 1) * 1e3
+    for key, label in (("jax", "jaxrl_llm"), *((k, f"HF {k[2:]} thr") for k in hf_runs)):
+        log(f"{label:12s}: {times[key].median * 1e3:8.1f} ms  {tokens / times[key].median:8.0f} tok/s  "
+            f"{flops / times[key].median / 1e9:5.1f} GFLOP/s  (first call {times[key].first:.2f} s; "
+            f"repeats {', '.join(f'{x * 1e3:.0f}' for x in times[key].runs)} ms)")
+    target = TARGETS.get(size.name)
+    log(f"ratio       : {r['ratio']:.2f}x against transformers with {r_threads} thread(s)"
+        + (f" (target >= {target:g}x)" if target else ""))
+    log(f"ours        : prefill {times['prefill'].median * 1e3:.1f} ms + {r['step_ms']:.2f} ms per decode step; "
+        f"log-probs vs the trainer's: max |diff| {gap:.1e}")
+
+    # 2. G completions per prompt, N = B rows either way: B/G prompts x G against the same B/G prompts
+    # each repeated G times (what a sampler without prefix sharing computes), and against HF's
+    # num_return_sequences (which expands the prompts before its prefill).
+    bp = b // g
+    few, few_mask = prompts_j[:bp], mask_j[:bp]
+    rep, rep_mask = jnp.repeat(few, g, axis=0), jnp.repeat(few_mask, g, axis=0)
+    r["group"] = time_interleaved({
+        "shared": lambda i: full_length(jax_generate(config, params, few, few_mask, t, i, num_samples=g), t),
+        "repeated": lambda i: full_length(jax_generate(config, params, rep, rep_mask, t, i), t),
+        "hf_group": hf_with_threads(r_threads, lambda i: hf_generate(hf, prompts[:bp], mask[:bp], t, i,
+                                                                      num_return_sequences=g)),
+        "prefill_few": lambda i: prefill_fn(few, few_mask),
+        "prefill_all": lambda i: prefill_fn(rep, rep_mask),
+    }, repeats=args.repeats, before_each=before_each)
+    gt = r["group"]
+    log(f"{bp} prompts x G={g} against {b} rows (each prompt repeated {g}x), per generated token:")
+    for key, label in (("shared", f"jaxrl_llm G={g}, prompt prefilled once"),
+                       ("repeated", f"jaxrl_llm G=1, prompt prefilled {g}x"),
+                       ("hf_group", f"transformers num_return_sequences={g}")):
+        log(f"  {label:40s} {gt[key].median / tokens * 1e6:8.2f} us/token")
+    log(f"  prefill of {bp} prompts: {gt['prefill_few'].median * 1e3:.2f} ms; of {b} rows: "
+        f"{gt['prefill_all'].median * 1e3:.2f} ms")
+    return r
+
+
+def report(results, args, peak) -> str:
+    rows = []
+    for r in results:
+        tm = r["times"]
+        rows.append([r["name"], f"{r['params'] / 1e6:.2f}M", tm["jax"].median * 1e3,
+                     f"{tm['hf'].median * 1e3:,.0f} ({r['hf_threads']} thr)",
+                     r["jax_tps"], r["hf_tps"], f"**{r['ratio']:.2f}x**", f">= {TARGETS.get(r['name'], 0):g}x",
+                     f"{r['flops'] / tm['jax'].median / peak:.0%}", f"{r['flops'] / tm['hf'].median / peak:.0%}",
+                     tm["prefill"].median * 1e3, r["step_ms"], tm["jax"].warmup, tm["hf"].warmup,
+                     f"{r['logp_gap']:.0e}"])
+    table = markdown_table(["model", "params", "ours ms", "HF ms", "ours tok/s", "HF tok/s", "ratio", "target",
+                            "ours % peak", "HF % peak", "ours prefill ms", "ours ms/step", "ours compile s",
+                            "HF warm-up s", "logp gap"], rows)
+    g, b, t = args.group, args.batch, args.new_tokens
+    grows = []
+    for r in results:
+        gt = r["group"]
+        per_tok = lambda k: gt[k].median / (b * t) * 1e6
+        grows.append([r["name"], per_tok("shared"), per_tok("repeated"), per_tok("hf_group"),
+                      gt["prefill_few"].median * 1e3, gt["prefill_all"].median * 1e3])
+    gtable = markdown_table(["model", f"ours {b // g}x{g} us/token", f"ours {b}x1 (repeated) us/token",
+                             f"HF num_return_sequences={g} us/token", f"prefill {b // g} prompts ms",
+                             f"prefill {b} rows ms"], grows)
+    return (f"Machine: {machine_description()}. Matmul peak (best of a jitted 2048x2048 float32 matmul): "
+            f"{peak / 1e9:.0f} GFLOP/s.\n\n"
+            f"{b} prompts x {args.prompt_len} tokens, {t} new tokens, sampling at temperature 1 from the full "
+            f"vocabulary, float32; median of {args.repeats} alternating repeats"
+            f"{' taken when the machine was idle' if args.wait_idle else ''}. % peak: model FLOPs "
+            f"(2 per weight + attention) per second over the matmul peak. logp gap: max |sampler log-prob - "
+            f"trainer `token_logprobs`| over the rollout.\n\n{table}\n\n"
+            f"G completions per prompt, N = {b} rows either way ({b // g} prompts x G={g} against the same "
+            f"{b // g} prompts each repeated {g} times), time per generated token, and prefill alone:\n\n"
+            f"{gtable}\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="3M,30M", help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--batch", type=int, default=64, help="prompts (rows) of the throughput comparison")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--group", type=int, default=16, help="G of the prefill-sharing comparison")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", default=f"{os.cpu_count()},1",
+                    help="comma-separated torch intra-op thread counts; HF is compared at its fastest")
+    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
+                    help="before each timed call, wait up to this long for the machine to be idle")
+    ap.add_argument("--toy", action="store_true", help="tiny model and batch, 1 repeat (smoke test)")
+    ap.add_argument("--out", default=None, help="markdown file whose sampler results block is refreshed")
+    args = ap.parse_args(argv)
+    if args.toy:  # G=1 reuses the compiled shapes: the smoke test pays for two compilations only
+        args.sizes, args.batch, args.prompt_len, args.new_tokens, args.group, args.repeats = "toy", 4, 8, 6, 1, 1
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"--sizes: unknown {unknown}; expected some of {', '.join(SIZES)}")
+    for name in ("batch", "prompt_len", "new_tokens", "group", "repeats"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        args.threads = sorted({int(x) for x in args.threads.split(",")}, reverse=True)
+    except ValueError:
+        raise SystemExit(f"--threads must be comma-separated integers, got {args.threads!r}") from None
+    if not args.threads or min(args.threads) < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+
+    import torch
+    torch.set_num_threads(args.threads[0])
+    before_each = (lambda: wait_for_idle(timeout=args.wait_idle)) if args.wait_idle > 0 else None
+    if before_each is not None:
+        before_each()
+    peak = matmul_peak_flops(256 if args.toy else 2048)
+    print(machine_description())
+    print(f"matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    results = [bench_size(SIZES[s], args, before_each, print) for s in sizes]
+    text = report(results, args, peak)
+    print("\n" + text)
+    if args.out:
+        update_markdown(args.out, "sampler-results", text)
+        print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

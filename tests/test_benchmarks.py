@@ -1,0 +1,76 @@
+"""Benchmark scripts stay runnable (a toy-size run in a subprocess) and their shared helpers are right.
+Nothing here times anything: benchmarks are measured by hand (docs/benchmarks.md), never asserted on."""
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import common  # noqa: E402
+
+
+def test_sampler_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "bench.md"
+    out.write_text("# Benchmarks\n\nhand-written text that a rerun must keep\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sampler.py"), "--toy", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== toy:" in proc.stdout and "ratio" in proc.stdout
+    doc = out.read_text()
+    assert doc.startswith("# Benchmarks\n\nhand-written text that a rerun must keep\n")
+    block = doc.split("<!-- sampler-results:begin -->")[1].split("<!-- sampler-results:end -->")[0]
+    table_row = next(line for line in block.splitlines() if line.startswith("| toy |"))
+    # The script checked the sampler's log-probs against the trainer's: the last column is that gap.
+    assert float(table_row.strip("| ").split("|")[-1]) <= 1e-4
+
+
+def test_update_markdown_replaces_only_its_block(tmp_path):
+    path = str(tmp_path / "doc.md")
+    common.update_markdown(path, "k", "first")  # a missing file is created with the block
+    with open(path, "a") as f:
+        f.write("\nafter\n")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write("before\n" + text)
+    common.update_markdown(path, "k", "second")
+    common.update_markdown(path, "other", "third")  # a new key appends its own block
+    with open(path) as f:
+        text = f.read()
+    assert text.startswith("before\n<!-- k:begin -->") and "\nafter\n" in text
+    assert "second" in text and "first" not in text and text.count("<!-- k:begin -->") == 1
+    assert text.index("after") < text.index("<!-- other:begin -->") < text.index("third")
+    with pytest.raises(ValueError, match="key must be"):
+        common.update_markdown(path, "bad key", "x")
+
+
+def test_markdown_table_format():
+    table = common.markdown_table(["a", "b", "c"], [["x", 1234.5, 0.012345], ["y", 7, 12.0]])
+    assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| x | 1,234 | 0.0123 |", "| y | 7 | 12 |"]
+
+
+def test_timing_statistics_and_interleaving():
+    runs = (0.3, 0.1, 0.2, 0.5)
+    t = common.Timing(first=1.0, runs=runs)
+    assert t.median == statistics.median(runs)
+    assert t.spread == pytest.approx((0.5 - 0.1) / statistics.median(runs))
+    assert t.warmup == pytest.approx(1.0 - statistics.median(runs))
+    assert common.Timing(first=0.1, runs=runs).warmup == 0.0
+
+    calls = []
+    timings = common.time_interleaved({"a": lambda i: calls.append(("a", i)), "b": lambda i: calls.append(("b", i))},
+                                      repeats=3, warmup=2, before_each=lambda: calls.append(("idle", None)))
+    # Rounds alternate the functions; every call is preceded by before_each; warm-up calls are not in runs.
+    assert calls[::2] == [("idle", None)] * 10
+    assert calls[1::2] == [(name, i) for i in range(5) for name in ("a", "b")]
+    assert all(len(timings[k].runs) == 3 for k in ("a", "b"))
+    with pytest.raises(ValueError, match="repeats and warmup"):
+        common.time_interleaved({"a": lambda i: None}, repeats=0)
+
+
+def test_wait_for_idle_returns_a_busy_fraction():
+    busy = common.wait_for_idle(max_busy=1.0, window=0.01, timeout=0.0)
+    assert busy != busy or 0.0 <= busy <= 1.0  # NaN where /proc/stat does not exist

@@ -189,7 +189,7 @@ def step_functions(config_json: str, total_updates: int, mc: ModelConfig, mesh, 
     uses_ref = c.kl.coef > 0
     tx, schedule = make_optimizer(c.optimizer, c.optimizer.learning_rate, total_updates)
     value_tx, _ = make_optimizer(c.optimizer, c.value.learning_rate, total_updates)
-    G, T = c.rollout.group_size, c.rollout.max_new_tokens
+    G = c.rollout.group_size
     temperature = c.rollout.temperature
     mode, norm_length = c.loss.aggregate, c.loss.norm_length
 
@@ -202,8 +202,11 @@ def step_functions(config_json: str, total_updates: int, mc: ModelConfig, mesh, 
                                    b["mask"])
         return value_head(mc, vparams, hidden)
 
-    def score(state, ref_params, b):
-        """Reference log-probs, old values and (option) recomputed old log-probs of the rollout."""
+    # The score pass runs in as many chunks as the update has micro-batches: a chunk is no larger than
+    # what one forward + backward of the update holds, so scoring never sets the memory peak.
+    score_chunks = c.train.minibatches * c.train.grad_accum
+
+    def score_chunk(state, ref_params, b):
         out = {}
         if uses_ref:
             out["ref_logp"] = logp_of(ref_params, b)
@@ -212,6 +215,19 @@ def step_functions(config_json: str, total_updates: int, mc: ModelConfig, mesh, 
         if c.rollout.recompute_logprobs:
             out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(state.params, b), 0.0)
         return out
+
+    def score(state, ref_params, b):
+        """Reference log-probs, old values and (option) recomputed old log-probs of the rollout, each
+        (N,T), computed `score_chunks` groups of prompts at a time. Chunk j holds prompts j, j+k, j+2k..
+        (k chunks): strided, so that every data shard of the batch contributes its share to every chunk."""
+        if score_chunks == 1:
+            return score_chunk(state, ref_params, b)
+        n_prompts = b["prompt_tokens"].shape[0]
+        chunks = jnp.arange(n_prompts).reshape(-1, score_chunks).T  # (k, B/k): chunk j = j, j+k, ...
+        outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx)), chunks)
+        # (k, B/k*G, T) -> (B/k, k, G, T) -> (N, T): prompt i*k + j is row block (i, j).
+        return {name: x.reshape(score_chunks, n_prompts // score_chunks, G, -1).swapaxes(0, 1).reshape(
+            n_prompts * G, -1) for name, x in outs.items()}
 
     def advantages(b, kl_coef):
         """(advantages (N,) or (N,T), returns (N,T) or None, kl statistics)."""

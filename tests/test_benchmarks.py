@@ -74,3 +74,47 @@ def test_timing_statistics_and_interleaving():
 def test_wait_for_idle_returns_a_busy_fraction():
     busy = common.wait_for_idle(max_busy=1.0, window=0.01, timeout=0.0)
     assert busy != busy or 0.0 <= busy <= 1.0  # NaN where /proc/stat does not exist
+
+
+def test_load_time_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "bench.md"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "load_time.py"), "--toy", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    block = out.read_text().split("<!-- load-time-results:begin -->")[1].split("<!-- load-time-results:end -->")[0]
+    rows = [line.strip("| ").split(" | ") for line in block.splitlines() if line.startswith(("| one file", "| sharded"))]
+    assert [r[0] for r in rows] == ["one file", "sharded"]
+    assert int(rows[0][1]) == 1 and int(rows[1][1]) > 1  # the sharded layout really has several files
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_grpo_iteration_script_runs_ours_at_toy_size(tmp_path):
+    """Our side of the GRPO-iteration benchmark (TRL and Tunix need their own virtualenvs: not in CI)."""
+    out = tmp_path / "bench.md"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_iteration.py"), "--toy",
+                           "--frameworks", "ours", "--stages", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    block = out.read_text().split("<!-- grpo-iteration-results:begin -->")[1].split("<!-- grpo-iteration-results:end -->")[0]
+    row = next(line for line in block.splitlines() if line.startswith("| jaxrl_llm |")).strip("| ").split(" | ")
+    assert float(row[3]) > 0 and float(row[6]) >= 1.0  # an iteration takes time, never less than its roofline
+    assert "| update (fwd + bwd + AdamW) |" in block
+
+
+def test_iteration_flops_against_a_hand_count():
+    import grpo_iteration
+    from jaxrl_llm.models.config import ModelConfig
+    c = ModelConfig(vocab_size=10, hidden_size=4, intermediate_size=6, num_layers=2, num_heads=2, num_kv_heads=1,
+                    head_dim=2)
+    B, G, P, T = 2, 3, 4, 5
+    # Per layer and token: q, o 4x4 each, k, v 4x2 each, MLP 3 x 4x6 -> 2 FLOPs per weight; attention
+    # 4 * heads * head_dim per key. LM head 4x10 per completion token.
+    w = 2 * (16 + 16 + 8 + 8 + 72)
+    def block_tokens(rows, start, stop):  # token at position i attends to i + 1 keys
+        return rows * sum(c.num_layers * (w + 4 * 2 * 2 * (i + 1)) for i in range(start, stop))
+    fwd = block_tokens(B, 0, P) + block_tokens(B * G, P, P + T - 1) + 2 * 4 * 10 * B * G * T
+    flops = grpo_iteration.iteration_flops(c, B, G, P, T)
+    assert flops["reference"] == pytest.approx(fwd)
+    assert flops["total"] == pytest.approx(6 * fwd)
+    unshared = grpo_iteration.iteration_flops(c, B, G, P, T, prefix_shared=False)
+    assert unshared["total"] - flops["total"] == pytest.approx(6 * block_tokens(B * G - B, 0, P))

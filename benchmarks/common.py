@@ -16,7 +16,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 # ------------------------------------------------------------------------------------------- timing

@@ -10,7 +10,6 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 from fixtures_data import make_tiny_tokenizer, write_gsm8k_like
 from fixtures_hf import make_hf_model

@@ -65,18 +65,18 @@ def forward(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.
 
 def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
                          temperature=1.0, *, with_entropy: bool = False):
-    """log_softmax(logits/temperature) at `targets`, in sequence chunks of `config.logits_chunk`.
+    """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most `config.logits_chunk`.
 
     hidden (B,T,D) aligned with targets (B,T): hidden[:, t] predicts targets[:, t]. Only a (B,chunk,V)
     float32 block of logits exists at a time, in the backward pass too (each chunk is rematerialized),
     so a 152k vocabulary stays affordable. Returns logp (B,T) [and entropy (B,T)] float32.
     """
     b, t, d = hidden.shape
-    chunk = min(config.logits_chunk, t)
-    pad = (-t) % chunk
+    n = -(-t // config.logits_chunk)
+    chunk = -(-t // n)  # n equal chunks of at most logits_chunk: padding < n, not up to a whole chunk
+    pad = n * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    n = (t + pad) // chunk
     h_chunks = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)
     t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
     temperature = jnp.asarray(temperature, jnp.float32)

@@ -205,10 +205,10 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
 
     for ours, shape, cb in specs:
         if shardings is None:
-            arr = jnp.asarray(cb(tuple(slice(None) for _ in shape)).astype(np_dtype))
+            arr = jnp.asarray(cb(tuple(slice(None) for _ in shape)).astype(np_dtype, copy=False))
         else:
             arr = jax.make_array_from_callback(shape, _get(shardings, ours),
-                                               lambda idx, cb=cb: cb(idx).astype(np_dtype))
+                                               lambda idx, cb=cb: cb(idx).astype(np_dtype, copy=False))
         _set(params, ours, arr)
     extras = {name: index.read(name) for name in (extra or {})}
     return params, extras

@@ -134,9 +134,12 @@ class Dense(nn.Module):
         in_shape = x.shape[-self.contract:]
         kernel = self.param("kernel", nn.with_logical_partitioning(_init(), self.axes),
                             (*in_shape, *self.out_shape), self.param_dtype)
-        y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype),
-                                ((tuple(range(x.ndim - self.contract, x.ndim)), tuple(range(self.contract))),
-                                 ((), ())))
+        # A plain 2-D matmul (rows x features): XLA:CPU runs the backward of N-D dot_generals ~3x slower
+        # than that of the same product on flattened operands. The reshapes are free (row-major).
+        lead = x.shape[:x.ndim - self.contract]
+        k_in, k_out = math.prod(in_shape), math.prod(self.out_shape)
+        y = jnp.dot(x.reshape(-1, k_in).astype(self.dtype), kernel.reshape(k_in, k_out).astype(self.dtype))
+        y = y.reshape(*lead, *self.out_shape)
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                    self.axes[self.contract:]),

@@ -398,8 +398,8 @@ def plot(results, path: str) -> None:
                     label="step inside generate" if x == 0 else None)
         ax.set_xticks([0, 1], [f"before\n({OLD_REV})", "after"])
         ax.set_ylabel("ms per decode step")
-        ax.set_title(f"{r['name']} ({r['params'] / 1e6:.1f}M params): "
-                     f"{r['old.step'] / r['new.step']:.1f}x")
+        ax.set_title(f"{r['name']} ({r['params'] / 1e6:.2g}M params): step "
+                     f"{r['old.step'] / r['new.step']:.2g}x faster", fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

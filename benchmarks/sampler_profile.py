@@ -1,7 +1,9 @@
-"""Profile of the sampler's decode step, before and after the rewrite of commit fab7559, measured side by
-side on the same checkpoint: the old code (revision eb19df0) against the working tree.
+"""Profile of the sampler's decode step, before and after a change, measured side by side on the same
+checkpoint: the old code (by default revision eb19df0, before the rewrite of commit fab7559; any other with
+`--old-rev`) against the working tree.
 
     python benchmarks/sampler_profile.py                          # ~3M and ~30M models, B=64, 32 + 64 tokens
+    python benchmarks/sampler_profile.py --old-rev HEAD           # the working tree's change against HEAD
     python benchmarks/sampler_profile.py --out docs/benchmarks.md # refresh its block + docs/sampler_profile.png
     python benchmarks/sampler_profile.py --toy                    # seconds: keeps the script from rotting
 
@@ -17,7 +19,7 @@ What is measured, for each model size, in rows N = B = 64, a 32-token prompt and
     the stages fuse and no call is dispatched from Python.
 
 Old and new code cannot live in one Python process (both are `jaxrl_llm`), so each runs in its own worker
-process: the old package extracted with `git archive eb19df0 jaxrl_llm` into a temporary directory, the new
+process: the old package extracted with `git archive <old-rev> jaxrl_llm` into a temporary directory, the new
 one from this checkout, each put first on its worker's PYTHONPATH (the worker checks which it imported).
 Both load the same HF checkpoint written by `common.build_models` with their own `load_hf`, and build the
 same inputs from the same seed. The workers take turns, call by call (one round = every function of
@@ -277,9 +279,7 @@ def profile_size(size, args, old_src, before_each, log) -> dict:
         workers = {"old": Worker("old", old_src, ckpt, args, tmp), "new": Worker("new", ROOT, ckpt, args, tmp)}
         try:
             for label, w in workers.items():
-                info = w.ready()
-                if info["new"] != (label == "new"):
-                    raise RuntimeError(f"the {label} worker loaded the wrong sampler ({info['package']})")
+                info = w.ready()  # the worker itself checks that it imported the package it was given
                 log(f"{label} code: {info['package']}")
             old, new = workers["old"], workers["new"]
             k = args.calls
@@ -357,7 +357,8 @@ def report(results, args, image: str | None) -> str:
           f"{r['gaps']['old']:.0e} / {r['gaps']['new']:.0e}", f"{r['step_diff']:.0e}"] for r in results])
     b, p, t = args.batch, args.prompt_len, args.new_tokens
     text = (f"Machine: {machine_description()}.\n\n"
-            f"Before: revision {OLD_REV} (the parent of fab7559); after: this checkout. Same checkpoint, same "
+            f"Before: revision {args.old_rev}{' (the parent of fab7559)' if args.old_rev == OLD_REV else ''}; "
+            f"after: this checkout. Same checkpoint, same "
             f"prompts; {b} rows, {p}-token prompts, {t} new tokens (a {t}-slot cache), float32, sampling at "
             f"temperature 1 from the full vocabulary. Old and new code run in two worker processes that take "
             f"turns call by call; median of {args.repeats} rounds, a stage's sample being the median of "
@@ -378,7 +379,7 @@ def report(results, args, image: str | None) -> str:
     return text
 
 
-def plot(results, path: str) -> None:
+def plot(results, path: str, old_rev: str = OLD_REV) -> None:
     """Stacked bars of ms per call of the three stages, before and after, one panel per model size; the
     black tick is the step as measured inside `generate`."""
     import matplotlib
@@ -396,7 +397,7 @@ def plot(results, path: str) -> None:
                 bottom += h
             ax.plot([x - 0.36, x + 0.36], [r[f"{label}.step"]] * 2, color="black", lw=2,
                     label="step inside generate" if x == 0 else None)
-        ax.set_xticks([0, 1], [f"before\n({OLD_REV})", "after"])
+        ax.set_xticks([0, 1], [f"before\n({old_rev})", "after"])
         ax.set_ylabel("ms per decode step")
         ax.set_title(f"{r['name']} ({r['params'] / 1e6:.2g}M params): step "
                      f"{r['old.step'] / r['new.step']:.2g}x faster", fontsize=10)
@@ -413,6 +414,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64, help="rows N (prompts, G=1)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64, help="T: new tokens, i.e. slots of the cache")
+    ap.add_argument("--old-rev", default=OLD_REV, help="git revision of the 'before' code (default: the parent "
+                    "of the sampler rewrite fab7559)")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds (after one warm-up round)")
     ap.add_argument("--calls", type=int, default=10, help="back-to-back calls per stage per round")
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
@@ -448,10 +451,10 @@ def main(argv=None):
 
     print(machine_description())
     with tempfile.TemporaryDirectory() as tmp:
-        old_src = extract_old_package(os.path.join(tmp, "old"))
+        old_src = extract_old_package(os.path.join(tmp, "old"), args.old_rev)
         results = [profile_size(SIZES[s], args, old_src, before_each, print) for s in sizes]
     if plot_path:
-        plot(results, plot_path)
+        plot(results, plot_path, args.old_rev)
         print(f"wrote {plot_path}")
     image = None
     if plot_path and args.out:

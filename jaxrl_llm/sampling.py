@@ -7,8 +7,9 @@ One XLA program per (B, P, T, G) and sampling mode:
   1. prefill: the B prompts run once; their per-layer keys/values (L,B,P,Hkv,hd) are the shared prefix
      that all G completions of a prompt attend to -- never copied G times;
   2. the first token of every row is drawn from its prompt's last logits;
-  3. a `lax.while_loop` decodes one token per step for all N rows into per-layer (N,Hkv,T,hd) caches
-     that the loop carries and XLA updates in place, and exits as soon as every row has emitted an EOS
+  3. a `lax.while_loop` decodes one token per step for all N rows into per-layer caches (keys
+     (N,Hkv,hd,T), values (N,Hkv,T,hd)) that the loop carries and XLA updates in place, and exits as
+     soon as every row has emitted an EOS
      (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
 
 Drawing: one uniform per row inverts the CDF of softmax(logits / temperature) (`_categorical`), instead

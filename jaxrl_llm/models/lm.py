@@ -162,35 +162,43 @@ def decode_prepare(config: ModelConfig, params, prefix_kv):
     """Once per generation, outside the token loop: the weights of `decode_layer` and the prompt prefix.
     prefix_kv: `prefill`'s (k, v), each (L,B,P,Hkv,hd).
 
+    The prefix is re-laid out head-major, keys transposed: k (L,B,Hkv,hd,P), v (L,B,Hkv,P,hd), the layout
+    `attend_step` multiplies without packing (a copy, made once; `prefill`'s arrays die here).
     Returns (weights, prefix). When `decode_unrolled(config)`: L-tuples of per-layer fused weights and of
-    per-layer head-major prefixes (k, v) each (B,Hkv,P,hd) -- copies. Else: views of the stacked
-    parameters and the stacked prefix as it is; `decode_step` transposes one layer of it at a time.
+    per-layer prefixes (k, v) -- copies. Else: views of the stacked parameters and the stacked prefix.
     """
+    pk, pv = prefix_kv[0].transpose(0, 1, 3, 4, 2), prefix_kv[1].swapaxes(2, 3)
     if not decode_unrolled(config):
-        return decode_weights(config, params["layers"], fuse=False), prefix_kv
+        return decode_weights(config, params["layers"], fuse=False), (pk, pv)
     weights = decode_weights(config, params["layers"], fuse=True)
-    pk, pv = (x.swapaxes(2, 3) for x in prefix_kv)
     layers = range(config.num_layers)
     return (tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], weights) for l in layers),
             tuple((pk[l], pv[l]) for l in layers))
 
 
 def init_cache(config: ModelConfig, rows: int, slots: int):
-    """Empty key/value caches for `rows` completions of up to `slots` tokens, head-major (N,Hkv,T,hd):
-    an L-tuple of (k, v) when `decode_unrolled(config)`, else one stacked (k, v) pair (L,N,Hkv,T,hd).
+    """Empty key/value caches for `rows` completions of up to `slots` tokens, head-major, keys transposed:
+    k (N,Hkv,hd,T) and v (N,Hkv,T,hd) (see `attend_step`). An L-tuple of (k, v) when
+    `decode_unrolled(config)`, else one stacked (k, v) pair with a leading L axis.
 
     Every buffer is filled with its own constant: XLA merges identical constant arrays into one buffer
     and then copies them apart at every step of the loop. The fill is never seen: a slot is written
     before the step whose attention mask first admits it, and masked slots get exactly zero weight.
     """
     dt = jnp.dtype(config.dtype)
-    shape = (rows, config.num_kv_heads, slots, config.head_dim)
-    axes = ("batch", "act_heads", "length", "head_dim")  # rows over data x fsdp, KV heads over tensor
-    full = lambda value, layers=(): nn.with_logical_constraint(jnp.full((*layers, *shape), value, dt),
-                                                               (*(("layers",) if layers else ()), *axes))
+    n, kvh, hd = rows, config.num_kv_heads, config.head_dim
+    # rows over data x fsdp, KV heads over tensor
+    k_spec = ((n, kvh, hd, slots), ("batch", "act_heads", "head_dim", "length"))
+    v_spec = ((n, kvh, slots, hd), ("batch", "act_heads", "length", "head_dim"))
+
+    def full(spec, value, layers=()):
+        shape, axes = spec
+        return nn.with_logical_constraint(jnp.full((*layers, *shape), value, dt),
+                                          (*(("layers",) if layers else ()), *axes))
+
     if not decode_unrolled(config):
-        return full(0, (config.num_layers,)), full(1, (config.num_layers,))
-    return tuple((full(2 * l), full(2 * l + 1)) for l in range(config.num_layers))
+        return full(k_spec, 0, (config.num_layers,)), full(v_spec, 1, (config.num_layers,))
+    return tuple((full(k_spec, 2 * l), full(v_spec, 2 * l + 1)) for l in range(config.num_layers))
 
 
 def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask):
@@ -202,7 +210,9 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     c = config
     x = nn.with_logical_constraint(jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype)),
                                    ("batch", "act_embed"))
-    cos, sin = (a[:, 0] for a in rope_cos_sin(c, positions[:, None]))
+    # The barrier materializes cos/sin once per step: otherwise XLA fuses these transcendentals into every
+    # layer's q and k fusions and evaluates them once per head element (~20% of a 30M model's step on CPU).
+    cos, sin = jax.lax.optimization_barrier(tuple(a[:, 0] for a in rope_cos_sin(c, positions[:, None])))
     if decode_unrolled(c):
         new_cache = []
         for w, layer_cache, layer_prefix in zip(weights, cache, prefix):
@@ -213,8 +223,7 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
         def one(carry, xs):
             x, cache = carry
             layer, w, pk, pv = xs
-            prefix = (pk.swapaxes(1, 2), pv.swapaxes(1, 2))  # (B,Hkv,P,hd)
-            return decode_layer(c, w, x, cos, sin, cache, cache_index, prefix, prefix_mask, layer), None
+            return decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer), None
 
         (x, cache), _ = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))
     return rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), cache

@@ -267,7 +267,8 @@ def lm_head_weight(config: ModelConfig, params) -> jax.Array:
 # The sampler's hot loop is a plain function of one layer's arrays rather than the `Block` module, so
 # that a step can run either over per-layer arrays in an unrolled loop or over the stacked layers in a
 # scan (models/lm.py `decode_step` picks). Same arithmetic as `Block` (float32 norms and softmax); the
-# cache is head-major (N,Hkv,T,hd) so that the per-step attention reads it without a transpose.
+# cache is head-major with keys transposed, k (N,Hkv,hd,T) and v (N,Hkv,T,hd), so that both per-step
+# attention products are plain (R,hd).(hd,T) and (R,T).(T,hd) matrix products (see `attend_step`).
 def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
     """One layer's params (or the stacked (L, ...) tree) -> the weights `decode_layer` reads.
 
@@ -303,20 +304,24 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
 def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     """Attention of one new token per row over [its prompt ; cache slots 0..index], softmax in float32.
 
-    q (N,Hkv,R,hd); cache_k, cache_v (N,Hkv,T,hd) with this step's key/value already in slot `index`;
-    prefix_k, prefix_v (B,Hkv,P,hd) shared by the G = N/B rows of each prompt (never copied G times);
-    prefix_mask (B,P) bool. The two score blocks are normalized jointly (one max, one sum) without being
-    concatenated. Returns (N,Hkv,R,hd) float32.
+    q (N,Hkv,R,hd); cache_k (N,Hkv,hd,T) (keys transposed), cache_v (N,Hkv,T,hd), with this step's
+    key/value already in slot `index`; prefix_k (B,Hkv,hd,P), prefix_v (B,Hkv,P,hd) shared by the
+    G = N/B rows of each prompt (never copied G times); prefix_mask (B,P) bool. The two score blocks are
+    normalized jointly (one max, one sum) without being concatenated. Returns (N,Hkv,R,hd) float32.
+
+    Keys are stored transposed because the products are many tiny batched matrix products (one per row
+    and KV head) and XLA:CPU's batched dot repacks a transposed right-hand side for every batch element:
+    q.K^T over (T,hd) keys cost 2-3x the (hd,T) layout's product here (docs/benchmarks.md).
     """
     n, kvh, r, hd = q.shape
-    b, _, p, _ = prefix_k.shape
+    b, _, _, p = prefix_k.shape
     g = n // b
     scale = hd ** -0.5
     to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
     to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
-    s = jnp.einsum("nkrd,nktd->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(jnp.arange(cache_k.shape[2]) <= index, s, _NEG)
-    sp = jnp.einsum("bkqd,bkpd->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(jnp.arange(cache_k.shape[3]) <= index, s, _NEG)
+    sp = jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
     sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG)
     top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
     e = jnp.exp(s - top[..., None])
@@ -329,9 +334,9 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
 
 
 def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
-    """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k, v) each (N,Hkv,T,hd), or
-    the stacked (L,N,Hkv,T,hd) caches with `layer` the index of this one; index scalar slot; prefix (k, v)
-    each (B,Hkv,P,hd); prefix_mask (B,P) bool.
+    """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
+    or the stacked caches with a leading L axis and `layer` the index of this one; index scalar slot;
+    prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
     cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
@@ -353,13 +358,13 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     ck, cv = cache
-    k = k.reshape(n, kvh, 1, hd)
+    k = k.reshape(n, kvh, hd, 1)  # keys transposed: slot `index` is a column of (hd, T)
     if layer is None:
-        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
         cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
         keys, values = ck, cv
     else:
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, index, 0))
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, 0, index))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
         keys = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
         values = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)

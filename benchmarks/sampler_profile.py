@@ -4,6 +4,8 @@ checkpoint: the old code (by default revision eb19df0, before the rewrite of com
 
     python benchmarks/sampler_profile.py                          # ~3M and ~30M models, B=64, 32 + 64 tokens
     python benchmarks/sampler_profile.py --old-rev HEAD           # the working tree's change against HEAD
+    python benchmarks/sampler_profile.py --old-rev 328ae12 --out docs/benchmarks.md \
+        --block sampler-profile-kT-results --plot docs/sampler_profile_kT.png  # docs section 5b
     python benchmarks/sampler_profile.py --out docs/benchmarks.md # refresh its block + docs/sampler_profile.png
     python benchmarks/sampler_profile.py --toy                    # seconds: keeps the script from rotting
 
@@ -422,6 +424,8 @@ def main(argv=None):
                     help="before each timed request, wait up to this long for the machine to be idle")
     ap.add_argument("--toy", action="store_true", help="tiny model and batch, 1 round (smoke test)")
     ap.add_argument("--out", default=None, help="markdown file whose sampler-profile block is refreshed")
+    ap.add_argument("--block", default="sampler-profile-results",
+                    help="key of the markers in --out between which the results are written")
     ap.add_argument("--plot", default=None,
                     help="PNG of the stage breakdown (default with --out: sampler_profile.png next to it)")
     # worker mode (internal): serve timing requests against the package under --src
@@ -462,7 +466,7 @@ def main(argv=None):
     text = report(results, args, image)
     print("\n" + text)
     if args.out:
-        update_markdown(args.out, "sampler-profile-results", text)
+        update_markdown(args.out, args.block, text)
         print(f"wrote {args.out}")
     return results
 

@@ -69,3 +69,21 @@ def test_sampler_profile_script_runs_at_toy_size(tmp_path):
     gaps = [float(x) for x in row[10].split(" / ")]
     assert all(g <= 1e-4 for g in gaps)  # old and new sampled log-probs both agree with the trainer
     assert float(row[11]) <= 1e-4  # old and new decode steps compute the same hidden states
+
+
+def test_sampler_profile_compares_any_revision_into_its_own_block(tmp_path):
+    """`--old-rev HEAD` (this clone's own code as the 'before') and `--block`: the results land between the
+    named markers, say which revision was the 'before', and old and new compute the same rollouts."""
+    out = tmp_path / "b.md"
+    out.write_text("# Benchmarks\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sampler_profile.py"), "--toy",
+                           "--old-rev", "HEAD", "--out", str(out), "--block", "my-ab", "--plot",
+                           str(tmp_path / "p.png")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = out.read_text()
+    assert "sampler-profile-results" not in doc
+    block = doc.split("<!-- my-ab:begin -->")[1].split("<!-- my-ab:end -->")[0]
+    assert "Before: revision HEAD; after: this checkout." in block
+    row = _table(block, "model | params")[0]
+    assert all(float(g) <= 1e-4 for g in row[10].split(" / "))
+    assert float(row[11]) <= 1e-4  # the decode steps of HEAD and of the working tree agree

@@ -70,6 +70,35 @@ def test_sampler_logprobs_equal_trainer_logprobs(qwen, temperature, top_k, top_p
     assert np.all(np.asarray(r.logprobs)[~m] == 0)
 
 
+def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
+    """Deep or large models decode with a scan over the stacked layers (`lm.decode_unrolled` False) instead
+    of the unrolled per-layer loop of small ones: same rollouts, and log-probs equal to the trainer's."""
+    from jaxrl_llm.models import lm
+    config, params = qwen
+    tokens, mask = _prompts(2)
+    P = tokens.shape[1]
+    kw = dict(max_new_tokens=9, num_samples=3, eos_ids=[EOS, 7], pad_id=PAD)
+    runs = {}
+    for path in ("unrolled", "scanned"):
+        if path == "scanned":
+            monkeypatch.setattr(lm, "DECODE_UNROLL_MAX_LAYERS", 0)
+        assert lm.decode_unrolled(config) == (path == "unrolled")
+        jax.clear_caches()  # the jitted sampler's trace depends on the path
+        runs[path] = [generate(config, params, tokens, mask, jax.random.PRNGKey(3), temperature=t, **kw)
+                      for t in (0.0, 1.0)]
+    jax.clear_caches()  # no scanned trace left behind for the other tests of this worker
+    for a, b in zip(runs["unrolled"], runs["scanned"]):
+        np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+        np.testing.assert_array_equal(np.asarray(a.mask), np.asarray(b.mask))
+        np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    r = runs["scanned"][1]
+    full = np.concatenate([r.prompt_tokens, r.tokens], 1)
+    full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
+    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], 1.0)[:, P - 1:]
+    m = np.asarray(r.mask).astype(bool)
+    assert m.sum() > 9 and np.abs(np.asarray(ref) - np.asarray(r.logprobs))[m].max() <= 1e-4
+
+
 def _first_token_probs(config, params, tokens, mask, temperature):
     logits = np.asarray(forward(config, params, tokens, mask)[0, -1], np.float64) / temperature
     p = np.exp(logits - logits.max())

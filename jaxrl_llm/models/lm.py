@@ -211,7 +211,8 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     x = nn.with_logical_constraint(jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype)),
                                    ("batch", "act_embed"))
     # The barrier materializes cos/sin once per step: otherwise XLA fuses these transcendentals into every
-    # layer's q and k fusions and evaluates them once per head element (~20% of a 30M model's step on CPU).
+    # layer's q and k fusions and evaluates them once per head element (~0.34 ms per layer of a 30M model
+    # on CPU, 10x the rotation itself; docs/benchmarks.md section 5b).
     cos, sin = jax.lax.optimization_barrier(tuple(a[:, 0] for a in rope_cos_sin(c, positions[:, None])))
     if decode_unrolled(c):
         new_cache = []

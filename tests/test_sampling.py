@@ -29,6 +29,17 @@ def _prompts(seed=0, lengths=(5, 9, 3)):
     return left_padded_batch(np.random.default_rng(seed), list(lengths), 97, pad=PAD)
 
 
+def _trainer_logprob_gap(config, params, rollout, temperature):
+    """Max |sampler log-prob - trainer `token_logprobs`| over the rollout's valid tokens, the trainer
+    recomputing teacher-forced on [prompt ; completion]."""
+    full = np.concatenate([rollout.prompt_tokens, rollout.tokens], 1)
+    full_mask = np.concatenate([rollout.prompt_mask, rollout.mask], 1)
+    p = rollout.prompt_tokens.shape[1]
+    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], temperature)[:, p - 1:]
+    m = np.asarray(rollout.mask).astype(bool)
+    return float(np.abs(np.asarray(ref) - np.asarray(rollout.logprobs))[m].max())
+
+
 def _hf_greedy(hf, tokens, mask, max_new_tokens, eos):
     import torch
     with torch.no_grad():
@@ -61,13 +72,8 @@ def test_sampler_logprobs_equal_trainer_logprobs(qwen, temperature, top_k, top_p
     tokens, mask = _prompts(1)
     r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=10, num_samples=4,
                  temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=[EOS, 7, 11], pad_id=PAD)
-    full = np.concatenate([r.prompt_tokens, r.tokens], 1)
-    full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
-    P = tokens.shape[1]
-    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], temperature)[:, P - 1:]
-    m = np.asarray(r.mask).astype(bool)
-    assert np.abs(np.asarray(ref) - np.asarray(r.logprobs))[m].max() <= 1e-4
-    assert np.all(np.asarray(r.logprobs)[~m] == 0)
+    assert _trainer_logprob_gap(config, params, r, temperature) <= 1e-4
+    assert np.all(np.asarray(r.logprobs)[~np.asarray(r.mask).astype(bool)] == 0)
 
 
 def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
@@ -76,7 +82,6 @@ def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
     from jaxrl_llm.models import lm
     config, params = qwen
     tokens, mask = _prompts(2)
-    P = tokens.shape[1]
     kw = dict(max_new_tokens=9, num_samples=3, eos_ids=[EOS, 7], pad_id=PAD)
     runs = {}
     for path in ("unrolled", "scanned"):
@@ -92,11 +97,7 @@ def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
         np.testing.assert_array_equal(np.asarray(a.mask), np.asarray(b.mask))
         np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
     r = runs["scanned"][1]
-    full = np.concatenate([r.prompt_tokens, r.tokens], 1)
-    full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
-    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], 1.0)[:, P - 1:]
-    m = np.asarray(r.mask).astype(bool)
-    assert m.sum() > 9 and np.abs(np.asarray(ref) - np.asarray(r.logprobs))[m].max() <= 1e-4
+    assert int(np.asarray(r.mask).sum()) > 9 and _trainer_logprob_gap(config, params, r, 1.0) <= 1e-4
 
 
 def _first_token_probs(config, params, tokens, mask, temperature):

@@ -7,7 +7,7 @@
 What is measured. For each depth a GRPO `Trainer` is built on a random Qwen2 checkpoint of that depth
 (benchmarks/mfu.py `build_trainer`), then every jitted function of one iteration is lowered and compiled
 ahead of time on the arguments `Trainer.train_step` passes it, in pipeline order: the sampler
-(`sampling._generate`, the program `generate` runs), `fns.score` (reference log-probs), `fns.advantages`
+(`sampling.generate_program`, the program `generate` runs), `fns.score` (reference log-probs), `fns.advantages`
 and `fns.update` (forward, backward, AdamW). Each is reported as trace + lower seconds and XLA compile
 seconds. Then the caches are cleared (`jax.clear_caches()`) and `train_step` runs three times: the first
 step's extra wall time over the median of the next two is the end-to-end compile cost of the first
@@ -74,8 +74,8 @@ def measure_depth(layers: int, args) -> dict:
         b = device_batch(trainer)
         ref = state.ref_params if state.ref_params is not None else trainer.frozen_ref
         with sharding.use_mesh(trainer.mesh):
-            # What `generate` (called by `Trainer._sample_round`) hands its jitted program.
-            aot("generate", sampling._generate, mc, state.params, b["prompt_tokens"], b["prompt_mask"],
+            # What `generate` (called by `Rollouts.sample_round`) hands its jitted program.
+            aot("generate", sampling.generate_program, mc, state.params, b["prompt_tokens"], b["prompt_mask"],
                 jax.random.PRNGKey(0), jnp.float32(max(c.rollout.temperature, 1e-6)), jnp.float32(c.rollout.top_p),
                 max_new_tokens=c.rollout.max_new_tokens, num_samples=c.rollout.group_size,
                 top_k=c.rollout.top_k, greedy=c.rollout.temperature == 0, nucleus=c.rollout.top_p < 1.0,

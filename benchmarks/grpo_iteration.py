@@ -410,8 +410,8 @@ def stage_times(ours: Ours, repeats: int) -> dict[str, float]:
     state = ours.state
     for i in range(repeats + 1):
         key = jax.random.fold_in(state.rng, i)
-        local, _, _ = timed("generate + rewards", lambda: t._rollout(state.params, key))
-        b = timed("to device", lambda: t._device_batch(local))
+        local, _, _ = timed("generate + rewards", lambda: t.rollouts.collect(state.params, key))
+        b = timed("to device", lambda: t.rollouts.device_batch(local))
         ref = state.ref_params if state.ref_params is not None else t.frozen_ref
         b.update(timed("reference log-probs", lambda: t.fns.score(state, ref, b)))
         b.setdefault("old_logp", b["sampler_logp"])

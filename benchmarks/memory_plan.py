@@ -9,7 +9,7 @@
 How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
 starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is
 allocated), and lowers and compiles the trainer's REAL jitted functions on it: the sampler
-(`sampling._generate`), the reference/value pass (`score`) and the update (`update`), from
+(`sampling.generate_program`), the reference/value pass (`score`) and the update (`update`), from
 `trainer.step_functions`. XLA's `memory_analysis()` of each compiled program gives the per-device bytes
 of its arguments, outputs and temporaries after SPMD partitioning. Parameters, optimizer states and the
 reference are summed from their shardings (exact). The decode cache (L, N, T, Hkv, hd) for keys and
@@ -92,7 +92,7 @@ def grad_accum_for(args, mesh_shape) -> int:
 
 
 def run_config(args, grad_accum: int):
-    from jaxrl_llm.config import base_config, resolve, validate
+    from jaxrl_llm.config import base_config, prepare
     c = base_config()
     c.algo = args.algo
     c.model.path = "memory-plan"  # a non-empty path: the model config comes from the dict above
@@ -102,9 +102,7 @@ def run_config(args, grad_accum: int):
     c.rollout.max_new_tokens = args.new_tokens
     c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
-    c = resolve(c)
-    validate(c)
-    return c
+    return prepare(c)
 
 
 def model_config(args):
@@ -133,8 +131,8 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
     import numpy as np
     from jaxrl_llm import rl, sharding
     from jaxrl_llm.models import init_params, init_value_params, param_logical_axes, value_logical_axes
-    from jaxrl_llm.sampling import _generate
-    from jaxrl_llm.trainer import TrainState, _compute_key, make_optimizer, step_functions
+    from jaxrl_llm.sampling import generate_program
+    from jaxrl_llm.trainer import TrainState, UpdatePlan, make_optimizer, step_functions
 
     mesh = sharding.make_mesh(*mesh_shape, devices=devices[:int(np.prod(mesh_shape))])
     rep = sharding.replicated(mesh)
@@ -162,9 +160,9 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
         vtx, _ = make_optimizer(c.optimizer, c.value.learning_rate, total_updates)
         vo_abs = jax.eval_shape(vtx.init, v_abs)
         value_opt = abstract(vo_abs, sharding.optimizer_shardings(vtx, vo_abs, v_sh, mesh))
-    uses_ref, refresh = c.kl.coef > 0, c.kl.coef > 0 and c.ref.refresh_every > 0
-    kl_abs = jax.eval_shape(lambda: rl.AdaptiveKLController.create(max(c.kl.coef, 1e-8), c.kl.target, c.kl.horizon)
-                            if c.kl.adaptive else rl.FixedKLController.create(c.kl.coef))
+    objective = rl.Objective.from_config(c)
+    uses_ref, refresh = objective.uses_ref, objective.uses_ref and c.ref.refresh_every > 0
+    kl_abs = jax.eval_shape(objective.kl_controller)
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=rep)
     state = TrainState(step=scalar(jnp.int32), opt_step=scalar(jnp.int32),
                        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), params=params, opt_state=opt,
@@ -173,10 +171,9 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
     ref = params if uses_ref and not refresh else None
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
     leaves, treedef = jax.tree_util.tree_flatten(shardings)
-    fns = step_functions(_compute_key(c), 0 if c.optimizer.schedule == "constant" else total_updates, mc, mesh,
-                         treedef, tuple(leaves))
+    fns = step_functions(objective, UpdatePlan.from_config(c), mc, mesh, treedef, tuple(leaves))
 
-    # ---- the rollout batch as Trainer._device_batch builds it
+    # ---- the rollout batch as Rollouts.device_batch builds it
     rows, vec = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows if len(shape) == 2 else vec)
     batch = {"prompt_tokens": sds((B, P), jnp.int32), "prompt_mask": sds((B, P), jnp.int32),
@@ -186,10 +183,10 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
     out = {"params": per_chip(params), "opt": per_chip(opt), "ref": per_chip(state.ref_params or ref),
            "value": per_chip(value) + per_chip(value_opt)}
     with sharding.use_mesh(mesh):
-        gen = _generate.lower(mc, params, batch["prompt_tokens"], batch["prompt_mask"],
-                              jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
-                              scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
-                              nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
+        gen = generate_program.lower(mc, params, batch["prompt_tokens"], batch["prompt_mask"],
+                                     jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
+                                     scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
+                                     nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
         score = fns.score.lower(state, ref, batch).compile()
         scored = jax.eval_shape(fns.score, state, ref, batch)
         full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})

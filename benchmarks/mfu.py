@@ -7,7 +7,7 @@ AdamW) on a ~30M-parameter Qwen2, achieved model FLOP/s over the machine's peak.
 
 What runs. A `jaxrl_llm.trainer.Trainer` (GRPO preset: kl.coef 0.04, one minibatch, no gradient
 accumulation) is built on a random checkpoint of `--size` saved with `save_hf`, and its `fns.update` is
-called on a synthetic batch made by the trainer's own `_device_batch`, `fns.score` (reference log-probs)
+called on a synthetic batch made by the trainer's own `rollouts.device_batch`, `fns.score` (reference log-probs)
 and `fns.advantages`, exactly as `Trainer.train_step` does after a rollout: B prompts of P tokens (no
 padding), N = B*G completions of T tokens, every token valid (the worst case: no row stops early). The
 sequence is P + T = 64 + 192 = 256 tokens by default. The sampled log-probs are the policy's own (an
@@ -151,7 +151,7 @@ def build_trainer(workspace: str, size: ModelSize, *, batch: int, group: int, pr
 
 
 def device_batch(trainer, seed: int = 0) -> dict:
-    """The host rows of a rollout in which every completion runs to T tokens, as `_device_batch` puts
+    """The host rows of a rollout in which every completion runs to T tokens, as `Rollouts.device_batch` puts
     them on the devices (no reference log-probs or advantages yet). Executes nothing."""
     c, mc = trainer.c, trainer.mc
     B, G, P, T = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.rollout.max_new_tokens
@@ -162,7 +162,7 @@ def device_batch(trainer, seed: int = 0) -> dict:
              "sampler_logp": np.full((N, T), -math.log(mc.vocab_size), np.float32),
              "lengths": np.full(N, T), "truncated": np.ones(N, bool), "scores": rng.random(N).astype(np.float32),
              "valid": np.ones(N, np.float32)}
-    return trainer._device_batch(local)
+    return trainer.rollouts.device_batch(local)
 
 
 def update_batch(trainer, state, seed: int = 0) -> dict:

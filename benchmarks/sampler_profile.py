@@ -12,10 +12,10 @@ checkpoint: the old code (by default revision eb19df0, before the rewrite of com
 What is measured, for each model size, in rows N = B = 64, a 32-token prompt and a 64-slot cache:
   * the three stages of one decode step, each jitted and timed alone: the decoder (embedding, L layers,
     final norm: `models.lm.decode_step`, cache carried from call to call and donated as in the loop), the
-    LM head (`logits_from_hidden`), and drawing one token per row (`sampling._draw` at temperature 1 from
+    LM head (`logits_from_hidden`), and drawing one token per row (`sampling.draw_tokens` at temperature 1 from
     the full vocabulary, and greedy); plus the drawing primitives alone: `jax.random.categorical` (Gumbel-
-    max, V random numbers per row) against `sampling._categorical` (one uniform per row), `jnp.argmax`
-    against `sampling._argmax`;
+    max, V random numbers per row) against `sampling.categorical` (one uniform per row), `jnp.argmax`
+    against `sampling.argmax`;
   * end to end: `sampling.generate` (temperature 1, every row to full length) and the prefill alone, so
     that ms per decode step = (generate - prefill) / (T - 1) -- the step as it runs inside the loop, where
     the stages fuse and no call is dispatched from Python.
@@ -123,9 +123,12 @@ def _worker_functions(ns):
     logits = head(params, hidden)  # (N,V) float32, this version's own
     one, temperature = jnp.float32(1.0), jnp.float32(1.0)
 
+    # Revisions before the public name (2026-11-24) called it `_draw`; --old-rev may point at one.
+    draw_tokens = getattr(sampling, "draw_tokens", None) or getattr(sampling, "_draw")
+
     def drawer(greedy):
-        f = jax.jit(lambda i, lg, temp, top_p: sampling._draw(jax.random.fold_in(key, i), lg, temp, top_p, top_k=0,
-                                                              greedy=greedy, nucleus=False))
+        f = jax.jit(lambda i, lg, temp, top_p: draw_tokens(jax.random.fold_in(key, i), lg, temp, top_p, top_k=0,
+                                                           greedy=greedy, nucleus=False))
         return lambda i: f(np.int32(i), logits, temperature, one)
 
     def generate(i):
@@ -142,9 +145,9 @@ def _worker_functions(ns):
            "dispatch": lambda i: noop(token)}
     if new:  # the primitives side by side, in one process
         categorical = jax.jit(lambda i, lg: jax.random.categorical(jax.random.fold_in(key, i), lg, axis=-1))
-        inverse_cdf = jax.jit(lambda i, lg: sampling._categorical(jax.random.fold_in(key, i), lg))
+        inverse_cdf = jax.jit(lambda i, lg: sampling.categorical(jax.random.fold_in(key, i), lg))
         pair_argmax = jax.jit(lambda lg: jnp.argmax(lg, axis=-1))
-        single_argmax = jax.jit(sampling._argmax)
+        single_argmax = jax.jit(sampling.argmax)
         fns.update({"prim_categorical": lambda i: categorical(np.int32(i), logits),
                     "prim_inverse_cdf": lambda i: inverse_cdf(np.int32(i), logits),
                     "prim_argmax": lambda i: pair_argmax(logits), "prim_single_argmax": lambda i: single_argmax(logits)})
@@ -322,8 +325,8 @@ def profile_size(size, args, old_src, before_each, log) -> dict:
     log(f"{'generate (whole call)':24s} {ms('old.generate'):9.1f} {ms('new.generate'):9.1f} "
         f"{ms('old.generate') / ms('new.generate'):8.2f}x   (first call {times['old.generate'].first:.1f} s / "
         f"{times['new.generate'].first:.1f} s)")
-    log(f"primitives: categorical {ms('prim.categorical'):.3f} ms, _categorical {ms('prim.inverse_cdf'):.3f} ms; "
-        f"argmax {ms('prim.argmax'):.3f} ms, _argmax {ms('prim.single_argmax'):.3f} ms")
+    log(f"primitives: categorical {ms('prim.categorical'):.3f} ms, categorical {ms('prim.inverse_cdf'):.3f} ms; "
+        f"argmax {ms('prim.argmax'):.3f} ms, argmax {ms('prim.single_argmax'):.3f} ms")
     log(f"log-probs vs the trainer: max |diff| old {gaps['old']:.1e}, new {gaps['new']:.1e}; hidden states after "
         f"{t - 1} decode steps, old vs new: max |diff| {r['step_diff']:.1e}")
     return r
@@ -344,7 +347,7 @@ def report(results, args, image: str | None) -> str:
         rows.append([r["name"], "jitted no-op (dispatch floor)", ms(r, "old.dispatch"), ms(r, "new.dispatch"), ""])
     stages = markdown_table(["model", "stage (ms per call)", "before", "after", "speed-up"], rows)
     prims = markdown_table(
-        ["model", "`jax.random.categorical`", "`_categorical`", "speed-up", "`jnp.argmax`", "`_argmax`", "speed-up"],
+        ["model", "`jax.random.categorical`", "`categorical`", "speed-up", "`jnp.argmax`", "`argmax`", "speed-up"],
         [[r["name"], ms(r, "prim.categorical"), ms(r, "prim.inverse_cdf"),
           speed(ms(r, "prim.categorical"), ms(r, "prim.inverse_cdf")), ms(r, "prim.argmax"),
           ms(r, "prim.single_argmax"), speed(ms(r, "prim.argmax"), ms(r, "prim.single_argmax"))] for r in results])

@@ -2,22 +2,29 @@
 
 `base_config()` returns the full schema. Fields the presets decide are placeholders (None, typed) until
 `resolve(config)` fills every one still unset from `PRESETS[config.algo]` -- so a command-line override
-always wins, and `--config.algo=ppo` works as well as `configs/tiny.py:algo=ppo`. `validate(config)`
-then checks every field with a one-line error naming it, before anything is loaded or compiled.
+always wins, and `--config.algo=ppo` works as well as `configs/tiny.py:algo=ppo`.
+
+`prepare(config)` is the one validation pass, run before anything is loaded or compiled: it rejects
+fields that are not in the schema (with the nearest names), resolves the preset and checks every value
+with a one-line error naming the field. The allowed values of the algorithm's choices (estimator,
+surrogate, ratio, aggregation, KL estimator) are the keys of the registries in `jaxrl_llm.rl`.
+`from_dict` builds a config from a Python dict (nested, or with dotted keys).
 """
 from __future__ import annotations
 
 import copy
+import difflib
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from jaxrl_llm import rl
 from jaxrl_llm.data.config import default_data_config, validate_data_config
 
-ALGOS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "sapo", "cispo", "rloo", "reinforce_pp")
-GROUP_ESTIMATORS = ("group", "rloo")
-AGGREGATES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 
 _COMMON = {
     "loss.ratio": "token", "loss.surrogate": "clip", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
@@ -28,7 +35,7 @@ _COMMON = {
     "dapo.mask_truncated": False, "value.enabled": False,
 }
 
-# Defaults per algorithm, on top of _COMMON. References: shared/references and docs/algorithms/.
+# Defaults per algorithm, on top of _COMMON; docs/algorithms/ gives the reasons and the papers.
 PRESETS = {
     "ppo": {"advantage.estimator": "gae", "advantage.whiten": True, "loss.aggregate": "token-mean",
             "kl.coef": 0.05, "kl.estimator": "k1", "kl.placement": "reward", "value.enabled": True},
@@ -44,6 +51,7 @@ PRESETS = {
     "reinforce_pp": {"advantage.estimator": "reinforce_pp", "loss.aggregate": "token-mean", "kl.coef": 0.01,
                      "kl.estimator": "k1", "kl.placement": "reward"},
 }
+ALGOS = tuple(PRESETS)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -239,6 +247,11 @@ def _check(c, field: str, ok, expected: str):
         _fail(field, expected, value)
 
 
+def _check_choice(c, field: str, allowed) -> None:
+    names = tuple(allowed)
+    _check(c, field, lambda v: v in names, "one of " + ", ".join(names))
+
+
 def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -248,7 +261,15 @@ def _is_num(x):
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-    """One-line ValueError naming the first bad field. Expects a resolved config."""
+    """One-line ValueError naming the first bad field. Expects a resolved config (see `prepare`)."""
+    _validate_model_and_data(c)
+    _validate_objective(c)
+    _validate_training(c)
+    _validate_io(c)
+    reward_specs(c)
+
+
+def _validate_model_and_data(c) -> None:
     _check(c, "algo", lambda v: v in ALGOS, f"one of {', '.join(ALGOS)}")
     _check(c, "seed", lambda v: _is_int(v) and v >= 0, "a non-negative int")
     _check(c, "total_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
@@ -274,18 +295,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
     _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
-    _check(c, "advantage.estimator", lambda v: v in ("gae", "group", "rloo", "reinforce_pp"),
-           "gae, group, rloo or reinforce_pp")
-    if (c.advantage.estimator in GROUP_ESTIMATORS or c.advantage.reinforce_pp_baseline) and c.rollout.group_size < 2:
+
+
+def _validate_objective(c) -> None:
+    """The algorithm's fields: allowed names come from the registries of `jaxrl_llm.rl`."""
+    _check_choice(c, "advantage.estimator", rl.ESTIMATORS)
+    estimator = rl.ESTIMATORS[c.advantage.estimator]
+    if (estimator.group or c.advantage.reinforce_pp_baseline) and c.rollout.group_size < 2:
         _fail("rollout.group_size", f"at least 2 for algo {c.algo} (group baselines need G >= 2)",
               c.rollout.group_size)
-    _check(c, "advantage.scale", lambda v: v in ("group", "batch", "none"), "group, batch or none")
+    _check_choice(c, "advantage.scale", rl.ADVANTAGE_SCALES)
     _check(c, "advantage.eps", lambda v: _is_num(v) and v > 0, "a number > 0")
     for f in ("advantage.gamma", "advantage.lam", "advantage.lam_value"):
         _check(c, f, lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
     _check(c, "advantage.adaptive_lam_alpha", lambda v: _is_num(v) and v >= 0, "a number >= 0")
-    _check(c, "loss.ratio", lambda v: v in ("token", "sequence", "sequence_token"), "token, sequence or sequence_token")
-    _check(c, "loss.surrogate", lambda v: v in ("clip", "sapo", "cispo"), "clip, sapo or cispo")
+    _check_choice(c, "loss.ratio", rl.RATIOS)
+    _check_choice(c, "loss.surrogate", rl.SURROGATES)
     _check(c, "loss.clip_low", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
     _check(c, "loss.clip_high", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "loss.dual_clip", lambda v: _is_num(v) and (v == 0 or v > 1), "0 (off) or a number > 1")
@@ -294,14 +319,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
               c.loss.dual_clip)
     for f in ("loss.sapo_tau_pos", "loss.sapo_tau_neg", "loss.cispo_max"):
         _check(c, f, lambda v: _is_num(v) and v > 0, "a number > 0")
-    _check(c, "loss.aggregate", lambda v: v in AGGREGATES, f"one of {', '.join(AGGREGATES)}")
+    _check_choice(c, "loss.aggregate", rl.AGGREGATE_MODES)
     _check(c, "loss.norm_length", lambda v: _is_int(v) and v >= 1, "a positive int (0 = max_new_tokens)")
     _check(c, "kl.coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
-    _check(c, "kl.estimator", lambda v: v in ("k1", "k2", "k3"), "k1, k2 or k3")
-    _check(c, "kl.placement", lambda v: v in ("loss", "reward"), "loss or reward")
+    _check_choice(c, "kl.estimator", rl.KL_KINDS)
+    _check_choice(c, "kl.placement", rl.KL_PLACEMENTS)
     _check(c, "kl.target", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, "kl.horizon", lambda v: _is_num(v) and v > 0, "a number > 0")
-    if c.kl.placement == "reward" and c.advantage.estimator in GROUP_ESTIMATORS and c.kl.coef > 0:
+    if c.kl.placement == "reward" and not estimator.token_rewards and c.kl.coef > 0:
         _fail("kl.placement", f"'loss' with the {c.advantage.estimator} estimator (it only sees sequence scores)",
               c.kl.placement)
     _check(c, "entropy_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
@@ -312,8 +337,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("rollout.group_size", "at least 2 with dapo.dynamic_sampling", c.rollout.group_size)
     _check(c, "value.learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, "value.clip", lambda v: _is_num(v) and v >= 0, "a number >= 0")
-    if c.advantage.estimator == "gae" and not c.value.enabled:
-        _fail("value.enabled", "True with the gae estimator (it needs a value model)", c.value.enabled)
+    if estimator.value and not c.value.enabled:
+        _fail("value.enabled", f"True with the {c.advantage.estimator} estimator (it needs a value model)",
+              c.value.enabled)
+
+
+def _validate_training(c) -> None:
     _check(c, "ref.refresh_every", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, "ref.mix_alpha", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
     _check(c, "train.epochs", lambda v: _is_int(v) and v >= 1, "an int >= 1")
@@ -336,6 +365,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _check(c, o + f, lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
     _check(c, o + "eps", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "max_grad_norm", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = off)")
+
+
+def _validate_io(c) -> None:
     for f in ("mesh.data", "mesh.fsdp", "mesh.tensor"):
         _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
     _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
@@ -345,4 +377,77 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
-    reward_specs(c)
+
+
+# ------------------------------------------------------------------------- the schema's own fields
+def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict | None = None, prefix: str = "") -> None:
+    """Rejects any field that is not in the schema of `base_config()` (a typo in a config file or dict
+    would otherwise be kept silently while the run used the default), naming the nearest fields."""
+    schema = base_config() if schema is None else schema
+    for key in c.keys():
+        path = prefix + key
+        if path in FREE_FORM:
+            continue
+        if key not in schema:
+            raise ValueError(f"config.{path} is not a config field{_suggest(key, schema, prefix)}")
+        sub, want = c[key], schema[key]
+        if isinstance(want, ml_collections.ConfigDict):
+            if not isinstance(sub, (ml_collections.ConfigDict, Mapping)):
+                raise ValueError(f"config.{path} is a section of fields, got {sub!r}")
+            check_fields(sub if isinstance(sub, ml_collections.ConfigDict) else ml_collections.ConfigDict(sub),
+                         want, path + ".")
+        elif isinstance(sub, ml_collections.ConfigDict):
+            raise ValueError(f"config.{path} is a field, not a section")
+
+
+def _suggest(key: str, schema: ml_collections.ConfigDict, prefix: str) -> str:
+    close = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.6)
+    if not close:
+        return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
+    return "; did you mean " + " or ".join(f"{prefix}{k}" for k in close) + "?"
+
+
+def from_dict(values: Mapping[str, Any], base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+    """`base` (default `base_config()`) with `values` set on a copy: a nested dict, dotted keys
+    ("rollout.group_size"), or both. An unknown field is an error naming the nearest ones."""
+    c = copy.deepcopy(base_config() if base is None else base)
+    for key, value in _flatten(values):
+        *parents, leaf = key.split(".")
+        node, path = c, ""
+        for p in parents:
+            if p not in node:
+                if not _free_form(path + p):
+                    raise ValueError(f"config.{path + p} is not a config section{_suggest(p, node, path)}")
+                node[p] = ml_collections.ConfigDict()
+            node, path = node[p], path + p + "."
+        if leaf not in node and not _free_form(path + leaf):
+            raise ValueError(f"config.{path + leaf} is not a config field{_suggest(leaf, node, path)}")
+        try:
+            node[leaf] = value
+        except TypeError as e:  # a typed field given another type
+            raise ValueError(f"config.{path + leaf}: {' '.join(str(e).split())}") from None
+    return c
+
+
+def _free_form(path: str) -> bool:
+    return any(path.startswith(f + ".") for f in FREE_FORM)
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = ""):
+    for key, value in values.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"config keys must be non-empty strings, got {key!r}")
+        if isinstance(value, Mapping) and value:  # a ConfigDict is no Mapping: it is set whole
+            yield from _flatten(value, prefix + key + ".")
+        else:
+            yield prefix + key, value
+
+
+def prepare(config: ml_collections.ConfigDict | Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """The one validation pass: schema fields, then the preset, then every value. Returns the resolved
+    copy that the run uses. A dict is read with `from_dict`. Idempotent."""
+    c = config if isinstance(config, ml_collections.ConfigDict) else from_dict(config)
+    check_fields(c)
+    c = resolve(c)
+    validate(c)
+    return c

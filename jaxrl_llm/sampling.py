@@ -12,11 +12,11 @@ One XLA program per (B, P, T, G) and sampling mode:
      soon as every row has emitted an EOS
      (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
 
-Drawing: one uniform per row inverts the CDF of softmax(logits / temperature) (`_categorical`), instead
+Drawing: one uniform per row inverts the CDF of softmax(logits / temperature) (`categorical`), instead
 of Gumbel-max's V random numbers per row; greedy is an argmax. Both are exact; on CPU they cut the
 per-token cost of drawing from more than the whole decoder's to a few percent (docs/benchmarks.md).
 
-Log-prob convention (the trainer's, DESIGN section 4): `logprobs[n, t]` is
+Log-prob convention (the trainer's, docs/design.md "Conventions"): `logprobs[n, t]` is
 log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k` and
 `top_p` only change which token is drawn (nucleus on the temperature-scaled distribution after top-k),
 never this number, so the trainer recomputes exactly what the sampler reports. With temperature=0
@@ -108,13 +108,13 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
     prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
     eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
     _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids, pad_id)
-    return _generate(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,
+    return generate_program(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,
                      jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_new_tokens=int(max_new_tokens),
                      num_samples=int(num_samples), top_k=int(top_k), greedy=temperature == 0,
                      nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id))
 
 
-def _argmax(x):
+def argmax(x):
     """First index of the maximum over the last axis, as `jnp.argmax`. (..., V) -> (...) int32.
 
     Written as two single-operand reductions (max, then min of the matching indices) because XLA:CPU
@@ -132,7 +132,7 @@ def _logp_at(logits, token):
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
-def _categorical(key, logits):
+def categorical(key, logits):
     """One draw per row from softmax(logits), logits (N,K) float32 (-inf allowed, >= 1 finite per row).
 
     Inverts the CDF with ONE uniform per row, in two levels: pick a block of c ~ sqrt(K) entries from the
@@ -165,14 +165,14 @@ def _categorical(key, logits):
     return (b * c + w).astype(jnp.int32), top[:, 0] + jnp.log(cum[:, -1])
 
 
-def _draw(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
+def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
     """Draws one token per row. logits (N,V) float32 -> (token (N,), logprob (N,) full-vocab convention)."""
     if greedy:
-        token = _argmax(logits)
+        token = argmax(logits)
         return token, _logp_at(logits, token)
     scaled = logits / temperature
     if top_k == 0 and not nucleus:
-        token, log_z = _categorical(key, scaled)  # the normalizer of the draw is that of the log-prob
+        token, log_z = categorical(key, scaled)  # the normalizer of the draw is that of the log-prob
         return token, jnp.take_along_axis(scaled, token[:, None], -1)[:, 0] - log_z
     # Candidates sorted by descending probability: the top-k, or the whole vocabulary for nucleus.
     k = top_k if top_k > 0 else scaled.shape[-1]
@@ -181,19 +181,19 @@ def _draw(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
         probs = jax.nn.softmax(cand, axis=-1)
         mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix with mass >= top_p
         cand = jnp.where(mass_before < top_p, cand, -jnp.inf)
-    choice, _ = _categorical(key, cand)
+    choice, _ = categorical(key, cand)
     token = jnp.take_along_axis(idx, choice[:, None], -1)[:, 0].astype(jnp.int32)
     return token, _logp_at(scaled, token)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
                                              "nucleus", "eos_ids", "pad_id"))
-def _generate(config, params, prompts, prompt_mask, rng, temperature, top_p, *, max_new_tokens, num_samples,
+def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, *, max_new_tokens, num_samples,
               top_k, greedy, nucleus, eos_ids, pad_id):
     b, _ = prompts.shape
     g, t_max = num_samples, max_new_tokens
     n = b * g
-    draw = functools.partial(_draw, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+    draw = functools.partial(draw_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
                              nucleus=nucleus)
     eos = jnp.asarray(eos_ids, jnp.int32)
 

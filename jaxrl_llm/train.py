@@ -31,11 +31,11 @@ def main(argv):
         if _CONFIG.value is None:
             raise ValueError("--config is required, e.g. --config=configs/tiny.py")
         from jaxrl_llm import config as config_lib
-        config_lib.validate(config_lib.resolve(_CONFIG.value))  # a bad field fails before JAX and the models load
+        config = config_lib.prepare(_CONFIG.value)  # a bad field fails before the cluster and the models load
         from jaxrl_llm import distributed
         distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         from jaxrl_llm.trainer import Trainer
-        Trainer(_CONFIG.value, _WORKDIR.value).run()
+        Trainer(config, _WORKDIR.value).run()
 
     run_cli(go, _VERBOSE.value, "jaxrl_llm.train")
 

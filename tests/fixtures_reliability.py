@@ -118,7 +118,8 @@ def poisoned_train(spec: str) -> None:
 
     from absl import app
 
-    from jaxrl_llm import train, trainer
+    from jaxrl_llm import train
+    from jaxrl_llm.trainer import rollout as trainer
     poison = {int(s): float(v) for s, v in (p.split(":") for p in spec.split(","))}
     compute_rewards, calls = trainer.compute_rewards, itertools.count(1)
 

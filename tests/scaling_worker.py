@@ -124,13 +124,13 @@ def kv_cache_layout(trainer) -> dict:
     import jax
     import numpy as np
     from jaxrl_llm import sharding
-    from jaxrl_llm.sampling import _generate
+    from jaxrl_llm.sampling import generate_program
     mc, c = trainer.mc, trainer.c
     rows = sharding.batch_sharding(trainer.mesh, 2)
     prompts = jax.ShapeDtypeStruct((BATCH_PROMPTS, c.data.max_prompt_length), np.int32, sharding=rows)
     key = jax.ShapeDtypeStruct((2,), np.uint32, sharding=sharding.replicated(trainer.mesh))
     with sharding.use_mesh(trainer.mesh):
-        hlo = _generate.lower(mc, trainer.state.params, prompts, prompts, key, np.float32(1.0), np.float32(1.0),
+        hlo = generate_program.lower(mc, trainer.state.params, prompts, prompts, key, np.float32(1.0), np.float32(1.0),
                               max_new_tokens=c.rollout.max_new_tokens, num_samples=GROUP, top_k=0, greedy=False,
                               nucleus=False, eos_ids=trainer.eos_ids, pad_id=trainer.pad_id).compile().as_text()
     shapes = sorted({tuple(int(d) for d in m.split(",")) for m in re.findall(r"\bf32\[(\d+(?:,\d+){3,})\]", hlo)})

@@ -543,7 +543,7 @@ def test_minibatch_invariance(minibatch_table, mode):
 
 
 # --------------------------------------------------------------------------------------------------
-# Value loss and entropy
+# Value loss
 # --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("clip", [None, 0.3])
@@ -581,40 +581,6 @@ def test_value_loss_degenerate_cases():
     assert float(m["explained_var"]) == 1.0
 
 
-entropy_jit = jax.jit(rl.entropy_from_logits)  # one compilation per shape, temperature traced
-
-
-def test_entropy_matches_reference_and_chunks():
-    rng = np.random.RandomState(12)
-    mask = random_mask(rng, t=4)
-    logits = (3 * rng.randn(N, 4, V)).astype(np.float32)
-    for temp in (1.0, 0.7):
-        out = np.asarray(entropy_jit(logits, mask, temp))
-        for i, j in np.ndindex(N, 4):
-            if not mask[i, j]:
-                assert out[i, j] == 0.0
-                continue
-            z = [float(x) / temp for x in logits[i, j]]
-            ps = [math.exp(x) / sum(math.exp(y) for y in z) for x in z]
-            np.testing.assert_allclose(out[i, j], -sum(p * math.log(p) for p in ps), rtol=1e-5,
-                                       atol=1e-6)
-    # Tokens are independent: entropy over chunks of the sequence is the entropy of the whole.
-    full = entropy_jit(logits, mask, 1.0)
-    chunks = [entropy_jit(logits[:, a:a + 2], mask[:, a:a + 2], 1.0) for a in (0, 2)]
-    np.testing.assert_array_equal(jnp.concatenate(chunks, axis=1), full)
-
-
-def test_entropy_is_stable():
-    logits = jnp.array([[[1e4, 0.0, -1e4, 0.0], [0.0, -jnp.inf, 0.0, -jnp.inf]]], jnp.bfloat16)
-    mask = jnp.ones((1, 2))
-    h = entropy_jit(logits, mask, 1.0)
-    assert h.dtype == jnp.float32
-    np.testing.assert_allclose(h, [[0.0, math.log(2.0)]], atol=1e-6)
-    g = jax.jit(jax.grad(lambda z: rl.entropy_from_logits(z, mask).sum()))(
-        logits.astype(jnp.float32))
-    assert np.all(np.isfinite(np.asarray(g)))
-
-
 # --------------------------------------------------------------------------------------------------
 # jit / grad without retracing; bad input
 # --------------------------------------------------------------------------------------------------
@@ -630,7 +596,6 @@ def test_losses_jit_and_grad_without_retracing():
         jax.grad(lambda a, b, c: rl.policy_loss(a, b, c, mask, surrogate="sapo",
                                                 denominator=jnp.float32(7.0))[0]),
         jax.grad(lambda a, b, c: rl.value_loss(a, b, c, mask, clip=0.2)[0]),
-        lambda a, b, c: rl.entropy_from_logits(jnp.stack([a, b, c], -1), mask, 0.8),
     ]
     for f in fns:
         jf, count = count_traces(f)
@@ -677,8 +642,6 @@ PL = functools.partial(rl.policy_loss, X, X, jnp.zeros(2), X)
     (lambda: rl.value_loss(X, X, jnp.zeros((2, 4)), X), "returns"),
     (lambda: rl.value_loss(X, jnp.zeros(2), X, X), "old_values"),
     (lambda: rl.value_loss(X, X, X, X, aggregate="token-sum"), "aggregate"),
-    (lambda: rl.entropy_from_logits(jnp.zeros((2, 3, 5)), jnp.zeros((2, 5))), "mask"),
-    (lambda: rl.entropy_from_logits(jnp.zeros((2, 3, 5)), X, temperature=0.0), "temperature"),
 ])
 def test_losses_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):

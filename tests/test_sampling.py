@@ -5,7 +5,7 @@ import pytest
 
 from fixtures_hf import left_padded_batch, make_hf_model
 from jaxrl_llm.models import forward, load_hf, token_logprobs
-from jaxrl_llm.sampling import _generate, generate
+from jaxrl_llm.sampling import generate_program, generate
 
 EOS, PAD = 2, 0
 
@@ -217,10 +217,10 @@ def test_no_retrace_for_same_shapes(qwen):
     tokens, mask = _prompts(8)
     kw = dict(max_new_tokens=5, num_samples=2, eos_ids=[EOS], pad_id=PAD)
     generate(config, params, tokens, mask, jax.random.PRNGKey(0), temperature=1.0, **kw)
-    before = _generate._cache_size()
+    before = generate_program._cache_size()
     for i, (temperature, top_p) in enumerate([(0.7, 1.0), (1.3, 1.0), (0.5, 1.0)]):
         generate(config, params, tokens + 1, mask, jax.random.PRNGKey(i), temperature=temperature, top_p=top_p, **kw)
-    assert _generate._cache_size() == before
+    assert generate_program._cache_size() == before
 
 
 @pytest.mark.parametrize("kwargs,message", [

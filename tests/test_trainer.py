@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 import tiny  # noqa: E402
 
-# The metric names of DESIGN section 4 that every run logs (value/* and kl/* when used).
+# The metric names of docs/design.md ("Metrics") that every run logs (value/* and kl/* when used).
 CORE_METRICS = {"reward/mean", "reward/std", "reward/frac_zero_std", "response_length/mean", "response_length/max",
                 "response_length/min", "response_length/clip_ratio", "policy/loss", "policy/clipfrac",
                 "policy/clipfrac_low", "policy/clipfrac_high", "policy/approx_kl", "policy/entropy",
@@ -222,8 +222,8 @@ def test_score_pass_in_chunks_equals_one_pass(tmp_path):
 
     chunked, whole = make(2, 1, "a"), make(1, 1, "b")  # 2 chunks of 2 prompts: 0, 2 and 1, 3
     state = chunked.state
-    local, _, _ = chunked._rollout(state.params, jax.random.PRNGKey(3))
-    b = chunked._device_batch(local)
+    local, _, _ = chunked.rollouts.collect(state.params, jax.random.PRNGKey(3))
+    b = chunked.rollouts.device_batch(local)
     ref = chunked.frozen_ref if state.ref_params is None else state.ref_params
     with sharding.use_mesh(chunked.mesh):
         got = chunked.fns.score(state, ref, b)

@@ -129,6 +129,23 @@ def _fingerprint(dataset: datasets.Dataset, config, tokenizer, chat: bool) -> st
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
+def as_dataset(rows) -> datasets.Dataset:
+    """Prompt rows given in Python as a `datasets.Dataset`: a Dataset as is, a list of dicts (one per
+    row) or a dict of equal-length column lists."""
+    if isinstance(rows, datasets.Dataset):
+        return rows
+    try:
+        if isinstance(rows, dict):
+            return datasets.Dataset.from_dict(rows)
+        rows = list(rows)
+        if not all(isinstance(r, dict) for r in rows):
+            raise TypeError("every row must be a dict of column -> value")
+        return datasets.Dataset.from_list(rows)
+    except (TypeError, ValueError, datasets.arrow_writer.SchemaInferenceError) as e:
+        raise ValueError(f"dataset must be a datasets.Dataset, a list of row dicts or a dict of columns: "
+                         f"{' '.join(str(e).split())[:200]}") from None
+
+
 def prepare_prompts(
     dataset: datasets.Dataset, config, tokenizer: transformers.PreTrainedTokenizerBase
 ) -> tuple[datasets.Dataset, dict[str, int]]:

@@ -13,7 +13,8 @@ improves within minutes; more candidates, reading min instead of max (a policy t
 must notice the one-letter change), and two-digit answers grade the difficulty. Answers
 are spread evenly over the digits, so no single output earns reward on many prompts (an earlier version
 with sums rewarded a constant leading "1" and policies collapsed onto it). The reward gives
-per-character credit, (# answer characters right at their position) / max(|answer|, |completion|), so
+per-character credit (`jaxrl_llm.rewards.tasks`, registered as "digit_puzzles"), (# answer characters
+right at their position) / max(|answer|, |completion|), so
 1.0 means solved (answer then EOS), rambling past the answer costs, and a random policy over the
 100-character vocabulary earns something about once in a hundred samples.
 """
@@ -23,8 +24,6 @@ from collections.abc import Sequence
 
 import datasets
 import numpy as np
-
-from jaxrl_llm.rewards.registry import register_reward
 
 LEVEL_WEIGHTS = (0.3, 0.3, 0.2, 0.2)  # sampling frequency of levels 1..4
 
@@ -56,19 +55,6 @@ def digit_puzzles(num_rows: int = 4096, seed: int = 0, weights: Sequence[float] 
     rows = [make_problem(rng, int(level)) for level in levels]
     return datasets.Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows],
                                        "level": [int(x) for x in levels]})
-
-
-def char_credit(completion: str, answer: str) -> float:
-    """Per-character credit in [0, 1]: 1.0 iff completion == answer."""
-    hits = sum(c == a for c, a in zip(completion, answer))
-    return hits / max(len(answer), len(completion), 1)
-
-
-@register_reward("digit_puzzles")
-def digit_puzzle_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],
-                        **_) -> list[float]:
-    """Reward of the built-in task; `completions` are decoded up to (not including) EOS."""
-    return [char_credit(c.strip(), str(a)) for c, a in zip(completions, answer)]
 
 
 TASKS = {"digit_puzzles": digit_puzzles}

@@ -79,7 +79,7 @@ def _top_entries(c: ModelConfig, with_lm_head: bool):
 
 
 # ------------------------------------------------------------------------------------------- reading
-class _TensorIndex:
+class TensorIndex:
     """Name -> file over a single or sharded safetensors checkpoint; tensors read lazily (mmap)."""
 
     def __init__(self, path: str):
@@ -174,7 +174,7 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
     Returns (params, extras) with extras as numpy arrays.
     """
     _check_files_complete(path)
-    index = _TensorIndex(path)
+    index = TensorIndex(path)
     np_dtype = np.dtype(jnp.dtype(dtype))
     L = config.num_layers
     layer_entries = _layer_entries(config)

@@ -2,7 +2,8 @@
 
 A reward is `fn(prompts, completions, **columns) -> list[float | None]`; see `registry` for the
 contract and docs/rewards.md for a guide. Importing this package registers the built-ins:
-`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`; `reward_model` (a learned
+`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, and `digit_puzzles` (the reward of
+the built-in task, `jaxrl_llm.rewards.tasks`); `reward_model` (a learned
 reward model, `jaxrl_llm.rewards.model`) is imported on first use by name.
 """
 
@@ -32,6 +33,7 @@ from jaxrl_llm.rewards.registry import (
     register_reward,
     registered_rewards,
 )
+from jaxrl_llm.rewards.tasks import char_credit, digit_puzzle_reward
 from jaxrl_llm.rewards.shaping import (
     length_penalty,
     linear_length_penalty,
@@ -56,7 +58,9 @@ __all__ = [
     "RewardError",
     "RewardFn",
     "SandboxResult",
+    "char_credit",
     "code_tests",
+    "digit_puzzle_reward",
     "compute_rewards",
     "extract_answer",
     "extract_code",

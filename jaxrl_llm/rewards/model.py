@@ -47,7 +47,7 @@ from jaxrl_llm.data import prompts as prompts_lib
 from jaxrl_llm.data.padding import DEFAULT_MIN_BUCKET, bucket_length, left_pad, prompt_buckets
 from jaxrl_llm.data.tokenizer import has_chat_template, load_tokenizer
 from jaxrl_llm.models.config import ModelConfig, read_hf_config
-from jaxrl_llm.models.hf import CheckpointError, _TensorIndex
+from jaxrl_llm.models.hf import CheckpointError, TensorIndex
 from jaxrl_llm.models.lm import hidden_states, init_params
 from jaxrl_llm.models.value import init_value_params, load_hf_value, value_head, value_logical_axes
 from jaxrl_llm.rewards.registry import register_reward
@@ -102,7 +102,7 @@ def check_reward_checkpoint(path: str) -> None:
     labels = raw.get("num_labels", len(raw["id2label"]) if isinstance(raw.get("id2label"), dict) else None)
     if labels is not None and labels != 1:
         raise ValueError(f"{config_file}: num_labels={labels}; a reward model has exactly one label (num_labels=1)")
-    index = _TensorIndex(path)
+    index = TensorIndex(path)
     if SCORE_TENSOR not in index.where:
         hint = " (it holds lm_head.weight: a causal LM)" if "lm_head.weight" in index.where else ""
         raise CheckpointError(

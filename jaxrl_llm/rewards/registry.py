@@ -73,23 +73,28 @@ def registered_rewards() -> list[str]:
     return sorted(set(_REGISTRY) | set(_LAZY_BUILTINS))
 
 
-def get_reward_fn(spec: str, **kwargs: Any) -> tuple[str, RewardFn]:
+def get_reward_fn(spec: str | Callable[..., Any], **kwargs: Any) -> tuple[str, RewardFn]:
     """Resolves `spec` to `(name, reward_fn)`.
 
-    spec: a registered name (`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, ...)
-      or an import path `package.module:function` (the attribute may be dotted, `module:obj.attr`).
+    spec: a registered name (`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, ...),
+      an import path `package.module:function` (the attribute may be dotted, `module:obj.attr`), or
+      the reward function (or factory) itself.
     kwargs: configuration. A factory is called with them; a plain reward function gets them bound as
       keyword arguments. Either way they must name parameters the target declares.
-    The name is the registry name, or the attribute part of an import path.
+    The name is the registry name, the attribute part of an import path, or the callable's __name__.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"reward spec must be a registry name or 'module:function', got {spec!r}")
-    spec = spec.strip()
-    if ":" in spec:
+    if callable(spec) and not isinstance(spec, str):
+        name = getattr(spec, "__name__", type(spec).__name__)
+        obj, is_factory = spec, bool(getattr(spec, _FACTORY_ATTR, False))
+    elif not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward spec must be a registry name, 'module:function' or a callable, got {spec!r}")
+    elif ":" in spec.strip():
+        spec = spec.strip()
         name = spec.split(":", 1)[1]
         obj = _import_path(spec)
         is_factory = bool(getattr(obj, _FACTORY_ATTR, False))
     else:
+        spec = spec.strip()
         if spec not in _REGISTRY and spec in _LAZY_BUILTINS:
             _import_path(f"{_LAZY_BUILTINS[spec]}:{spec}")  # registers it
         if spec not in _REGISTRY:

@@ -1,9 +1,11 @@
-"""RL objectives as pure, jit-able JAX functions: advantages, policy/value losses, KL control.
+"""RL objectives as pure, jit-able JAX functions: advantages, policy/value losses, KL control, and the
+`Objective` that bundles a run's choices of them.
 
-See docs/algorithms/ for which options select PPO, GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, GSPO,
-GSPO-token, SAPO and CISPO.
+This package imports no other package of jaxrl_llm. See docs/algorithms/ for which options select PPO,
+GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, GSPO, GSPO-token, SAPO and CISPO.
 """
 from jaxrl_llm.rl.advantages import (
+    ADVANTAGE_SCALES,
     adaptive_lam,
     gae,
     group_advantages,
@@ -22,29 +24,34 @@ from jaxrl_llm.rl.losses import (
     aggregate_denominator,
     aggregate_parts,
     aggregate_sum,
-    entropy_from_logits,
     kl_penalty,
     policy_loss,
     value_loss,
 )
+from jaxrl_llm.rl.objective import ESTIMATORS, KL_PLACEMENTS, Estimator, Objective, register_estimator
 
 __all__ = [
+    "ADVANTAGE_SCALES",
     "AGGREGATE_MODES",
+    "ESTIMATORS",
     "KL_KINDS",
+    "KL_PLACEMENTS",
     "RATIOS",
     "SURROGATES",
     "AdaptiveKLController",
+    "Estimator",
     "FixedKLController",
+    "Objective",
     "adaptive_lam",
     "aggregate",
     "aggregate_denominator",
     "aggregate_parts",
     "aggregate_sum",
-    "entropy_from_logits",
     "gae",
     "group_advantages",
     "kl_penalty",
     "policy_loss",
+    "register_estimator",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "token_rewards",

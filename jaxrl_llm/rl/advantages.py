@@ -1,6 +1,6 @@
 """Advantage estimators: GAE, whitening, group (GRPO / Dr. GRPO), RLOO and REINFORCE++.
 
-Pure, jit-able functions of float32 arrays. Shapes follow DESIGN section 4: N rows (N = B·G, the
+Pure, jit-able functions of float32 arrays. Shapes follow docs/design.md ("Conventions"): N rows (N = B·G, the
 G rows of one prompt contiguous), T generated tokens, `mask` (N,T) 1 on generated tokens including
 EOS. Masked positions may hold anything (padding, NaN): they are selected away with `where`, never
 multiplied by the mask, so garbage cannot leak into valid tokens. Every output is 0 where mask is 0.
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-_SCALES = ("group", "batch", "none")
+ADVANTAGE_SCALES = ("group", "batch", "none")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,8 +257,8 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6):
       (N,) float32 advantages; a group of equal rewards gives exactly 0.
     """
     fn = "group_advantages"
-    if scale not in _SCALES:
-        raise ValueError(f"{fn}: scale must be one of {_SCALES}, got {scale!r}")
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"{fn}: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
     _check_range(fn, "eps", eps, 0.0, float("inf"))
     rewards, rg, tied = _grouped(fn, rewards, group_size)
     centered = rg - jnp.mean(rg, axis=1, keepdims=True)

@@ -1,7 +1,7 @@
-"""Losses: KL estimators, loss aggregation, policy surrogates (PPO-clip, GSPO, SAPO, CISPO), value
-loss and entropy.
+"""Losses: KL estimators, loss aggregation, policy surrogates (PPO-clip, GSPO, SAPO, CISPO) and the
+value loss.
 
-Pure, jit-able functions of float32 arrays; the formulas are those of DESIGN section 5. Shapes:
+Pure, jit-able functions of float32 arrays; the formulas are those of docs/design.md ("The math"). Shapes:
 N rows, T tokens, V vocabulary; `mask` (N,T) is 1 on valid tokens. Masked positions may hold
 anything: they are selected away with `where` before any arithmetic, so they contribute neither to
 values nor to gradients, and a row with zero valid tokens never divides by zero.
@@ -24,7 +24,6 @@ AGGREGATE_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                    "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
 RATIOS = ("token", "sequence", "sequence_token")
-SURROGATES = ("clip", "sapo", "cispo")
 
 LOG_RATIO_CLAMP = 20.0  # per-token |log ρ| bound: exp(20) ≈ 5e8 is finite in float32
 SEQ_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's log s_i
@@ -47,7 +46,7 @@ def _static_float(x):
 
 def _check_choice(fn, name, value, choices):
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{fn}: {name} must be one of {choices}, got {value!r}")
+        raise ValueError(f"{fn}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
 def _check_shape(fn, name, x, shape):
@@ -201,7 +200,7 @@ def aggregate_parts(x, mask, mode, *, norm_length=None):
 
 
 def aggregate(x, mask, mode, *, norm_length=None):
-    """Reduce a per-token quantity to a scalar (DESIGN section 5, "Aggregation").
+    """Reduce a per-token quantity to a scalar (docs/design.md, "Aggregation").
 
     token-mean: Σ x·m / Σ m (DAPO); seq-mean-token-mean: mean over non-empty rows of the row's
     token mean (GRPO, GSPO); seq-mean-token-sum: mean over non-empty rows of the row's token sum;
@@ -226,6 +225,46 @@ def _reduce(per_token, m, mode, norm_length, denominator):
     d = _denominator(m, mode, norm_length) if denominator is None else jnp.asarray(
         denominator, jnp.float32)
     return s / jnp.maximum(d, _TINY)
+
+
+# --------------------------------------------------------------------------------------------------
+# Surrogates: (ρ, logp, A) -> (per-token loss, clipped, clipped_low, clipped_high), all (N,T)
+# --------------------------------------------------------------------------------------------------
+# `lo`, `hi` are 1 − clip_low and 1 + clip_high; every surrogate receives every option and reads its own.
+# clipped_low/high are where PPO's hard clip would zero the gradient (A < 0 and ρ < lo; A > 0 and ρ > hi).
+
+def _clip_surrogate(rho, logp, adv, *, lo, hi, dual_clip, **_):
+    """PPO: −min(ρA, clip(ρ, lo, hi)·A); with dual clip c and A < 0, capped at −c·A."""
+    clipped_low, clipped_high = (adv < 0) & (rho < lo), (adv > 0) & (rho > hi)
+    per_token = jnp.maximum(-adv * rho, -adv * jnp.clip(rho, lo, hi))
+    clipped = clipped_low | clipped_high
+    if dual_clip is not None:
+        c = jnp.asarray(dual_clip, jnp.float32)
+        # For A < 0 the unclipped loss −ρA grows without bound in ρ; cap it at −c·A.
+        per_token = jnp.where(adv < 0, jnp.minimum(per_token, -c * adv), per_token)
+        clipped = clipped | ((adv < 0) & (rho > c))
+    return per_token, clipped, clipped_low, clipped_high
+
+
+def _sapo_surrogate(rho, logp, adv, *, lo, hi, sapo_tau_pos, sapo_tau_neg, **_):
+    """SAPO: −σ(τ(ρ−1))·(4/τ)·A, τ by the sign of A; clip counts are those of the hard clip."""
+    clipped_low, clipped_high = (adv < 0) & (rho < lo), (adv > 0) & (rho > hi)
+    tau = jnp.where(adv > 0, jnp.asarray(sapo_tau_pos, jnp.float32), jnp.asarray(sapo_tau_neg, jnp.float32))
+    # The 4/τ factor makes d/dρ of the gate equal 1 at ρ = 1 (σ'(0) = 1/4).
+    per_token = -jax.nn.sigmoid(tau * (rho - 1.0)) * (4.0 / tau) * adv
+    return per_token, clipped_low | clipped_high, clipped_low, clipped_high
+
+
+def _cispo_surrogate(rho, logp, adv, *, cispo_max, **_):
+    """CISPO: −sg(min(ρ, cap))·A·logp; 'clipped' is ρ > cap."""
+    cap = jnp.asarray(cispo_max, jnp.float32)
+    per_token = -lax.stop_gradient(jnp.minimum(rho, cap)) * adv * logp
+    clipped_high = rho > cap
+    return per_token, clipped_high, jnp.zeros_like(clipped_high), clipped_high
+
+
+# The surrogates by the name `policy_loss(surrogate=)` and the config's `loss.surrogate` take.
+SURROGATES = {"clip": _clip_surrogate, "sapo": _sapo_surrogate, "cispo": _cispo_surrogate}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,29 +368,9 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
 
     lo = 1.0 - jnp.asarray(clip_low, jnp.float32)
     hi = 1.0 + jnp.asarray(clip_high, jnp.float32)
-    clipped_low = (adv < 0) & (rho < lo)  # where PPO's clip zeroes the gradient
-    clipped_high = (adv > 0) & (rho > hi)
-    if surrogate == "clip":
-        per_token = jnp.maximum(-adv * rho, -adv * jnp.clip(rho, lo, hi))
-        clipped = clipped_low | clipped_high
-        if dual_clip is not None:
-            c = jnp.asarray(dual_clip, jnp.float32)
-            # For A < 0 the unclipped loss −ρA grows without bound in ρ; cap it at −c·A.
-            per_token = jnp.where(adv < 0, jnp.minimum(per_token, -c * adv), per_token)
-            clipped = clipped | ((adv < 0) & (rho > c))
-    elif surrogate == "sapo":
-        tau = jnp.where(adv > 0, jnp.asarray(sapo_tau_pos, jnp.float32),
-                        jnp.asarray(sapo_tau_neg, jnp.float32))
-        # The 4/τ factor makes d/dρ of the gate equal 1 at ρ = 1 (σ'(0) = 1/4).
-        per_token = -jax.nn.sigmoid(tau * (rho - 1.0)) * (4.0 / tau) * adv
-        clipped = clipped_low | clipped_high
-    else:
-        cap = jnp.asarray(cispo_max, jnp.float32)
-        weight = lax.stop_gradient(jnp.minimum(rho, cap))
-        per_token = -weight * adv * logp
-        clipped_high = rho > cap
-        clipped_low = jnp.zeros_like(clipped_high)
-        clipped = clipped_high
+    per_token, clipped, clipped_low, clipped_high = SURROGATES[surrogate](
+        rho, logp, adv, lo=lo, hi=hi, dual_clip=dual_clip, sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg, cispo_max=cispo_max)
 
     loss = _reduce(per_token, m, aggregate, norm_length, denominator)
 
@@ -424,36 +443,3 @@ def value_loss(values, old_values, returns, mask, *, clip=None, aggregate="token
                           0.0)
     metrics = {"clipfrac": clipfrac, "explained_var": explained, "mean": _token_mean(v, m)}
     return loss, jax.tree_util.tree_map(lax.stop_gradient, metrics)
-
-
-# --------------------------------------------------------------------------------------------------
-# Entropy
-# --------------------------------------------------------------------------------------------------
-
-def entropy_from_logits(logits, mask, temperature=1.0):
-    """Per-token entropy H = −Σ_v p_v log p_v of softmax(logits / temperature), in float32.
-
-    Every token is independent, so it can be called on a chunk of the sequence (N,t,V) at a time to
-    bound memory. Logits of −inf (banned tokens) are allowed: they contribute 0, with finite
-    gradients.
-
-    Args:
-      logits: (..., V) any float dtype.
-      mask: logits.shape[:-1], 1 on valid tokens.
-      temperature: scalar > 0, the sampler's.
-
-    Returns:
-      float32 array of shape logits.shape[:-1], 0 where mask is 0.
-    """
-    fn = "entropy_from_logits"
-    if jnp.ndim(logits) < 1:
-        raise ValueError(f"{fn}: logits must have a vocabulary axis, got shape {jnp.shape(logits)}")
-    _check_shape(fn, "mask", mask, jnp.shape(logits)[:-1])
-    _check_positive(fn, "temperature", temperature)
-    z = jnp.asarray(logits, jnp.float32) / jnp.asarray(temperature, jnp.float32)
-    logp = jax.nn.log_softmax(z, axis=-1)
-    p = jnp.exp(logp)
-    # p = 0 where logits are −inf: zero log p there first, so 0·(−inf) makes no NaN, not even in
-    # the backward pass.
-    h = -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
-    return jnp.where(jnp.asarray(mask) != 0, h, 0.0)

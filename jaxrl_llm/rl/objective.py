@@ -1,0 +1,224 @@
+"""The objective of an RL step as one value: every choice that decides the math, frozen and hashable.
+
+`Objective.from_config(c)` reads it once from a resolved, validated run config. It is a static argument
+of the jitted step functions (hashable, so it keys the compile cache) and exposes the step's pure math:
+
+  advantages(batch, kl_coef)                   -> advantages, returns, KL statistics
+  denominators(loss_mask)                      -> the global normalisers of one optimizer step
+  policy_loss(logp, entropy, mb, kl_coef, den) -> the policy loss of one micro-batch and its metrics
+  value_loss(values, mb, den)                  -> the value loss of one micro-batch and its metrics
+
+Estimators live in `ESTIMATORS` and surrogates in `losses.SURROGATES`, keyed by the names the config
+takes; config validation reads the same registries, so each allowed-value list exists once. A new
+estimator is one `@register_estimator` function in this file (or in a user's module imported before the
+run), plus its docs.
+
+Batch keys (N = B·G rows, T tokens, groups of G contiguous rows): `scores` (N,), `mask` (N,T) valid
+tokens, `loss_mask` (N,T) tokens that enter the loss, `old_logp` (N,T) log-probs of the policy before
+this step, `ref_logp` (N,T) the reference's (with KL), `old_values`/`returns` (N,T) (value model), `adv`
+(N,) or (N,T).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_advantages,
+                                     reinforce_pp_advantages, rloo_advantages, token_rewards, whiten)
+from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
+from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, RATIOS, SURROGATES, aggregate,
+                                 aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
+
+KL_PLACEMENTS = ("loss", "reward")  # β·KL added to the loss (GRPO) or subtracted from token rewards (PPO)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator and what it needs from the run.
+
+    fn(objective, batch, penalty) -> (advantages (N,) or (N,T), returns (N,T) or None); `penalty` is
+    β·KL per token (N,T) when the KL is placed in the reward, else None.
+    """
+
+    fn: Callable[..., tuple[Any, Any]]
+    group: bool  # a baseline over each prompt's G completions: needs G >= 2
+    value: bool  # needs a value model (batch["old_values"])
+    token_rewards: bool  # sees per-token rewards, so the KL may be placed in the reward
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, *, group: bool = False, value: bool = False, token_rewards: bool = False):
+    """Registers `fn(objective, batch, penalty)` under `name`, the value `advantage.estimator` takes."""
+    def decorator(fn):
+        if name in ESTIMATORS and ESTIMATORS[name].fn is not fn:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ESTIMATORS[name] = Estimator(fn, group=group, value=value, token_rewards=token_rewards)
+        return fn
+    return decorator
+
+
+@register_estimator("gae", value=True, token_rewards=True)
+def _gae(o: Objective, b, penalty):
+    """PPO: GAE over per-token rewards (score on the last token, minus β·KL), optionally whitened."""
+    mask = b["mask"]
+    rewards = token_rewards(b["scores"], mask, penalty)
+    lam = adaptive_lam(mask, alpha=o.adaptive_lam_alpha) if o.adaptive_lam_alpha > 0 else o.lam
+    adv, returns = gae(rewards, b["old_values"], mask, gamma=o.gamma, lam=lam, lam_value=o.lam_value)
+    if o.whiten:
+        adv = whiten(adv, b["loss_mask"])
+    return adv, returns
+
+
+@register_estimator("group", group=True)
+def _group(o: Objective, b, penalty):
+    """GRPO / Dr. GRPO: score minus the group mean, over the group (or batch) std or not at all."""
+    return group_advantages(b["scores"], o.group_size, scale=o.scale, eps=o.eps), None
+
+
+@register_estimator("rloo", group=True)
+def _rloo(o: Objective, b, penalty):
+    """RLOO: score minus the mean of the group's other scores."""
+    return rloo_advantages(b["scores"], o.group_size), None
+
+
+@register_estimator("reinforce_pp", token_rewards=True)
+def _reinforce_pp(o: Objective, b, penalty):
+    """REINFORCE++: whitened discounted returns of (score − β·KL) [minus the group mean first]."""
+    kl = penalty if penalty is not None else jnp.zeros_like(b["old_logp"])
+    group = o.group_size if o.reinforce_pp_baseline else None
+    return reinforce_pp_advantages(b["scores"], kl, b["mask"], gamma=o.gamma, group_size=group), None
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """Every option that decides the math of a step (defaults: GRPO without KL); see docs/algorithms/."""
+
+    group_size: int  # G completions per prompt
+    # ---- advantages
+    estimator: str = "group"  # a key of ESTIMATORS
+    scale: str = "group"  # group estimator's std: one of ADVANTAGE_SCALES
+    eps: float = 1e-6  # added to that std
+    whiten: bool = False  # GAE advantages whitened over the loss tokens
+    gamma: float = 1.0
+    lam: float = 0.95
+    lam_value: float = 1.0  # λ of the value targets (decoupled GAE)
+    adaptive_lam_alpha: float = 0.0  # > 0: λ = 1 − 1/(α·|o|) (VAPO)
+    reinforce_pp_baseline: bool = False
+    # ---- policy surrogate
+    ratio: str = "token"  # one of RATIOS
+    surrogate: str = "clip"  # a key of SURROGATES
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    cispo_max: float = 5.0
+    aggregate: str = "seq-mean-token-mean"  # one of AGGREGATE_MODES
+    norm_length: int | None = None  # L of seq-mean-token-sum-norm
+    # ---- KL to the reference and entropy
+    kl_coef: float = 0.0  # initial β; 0 = no reference model
+    kl_estimator: str = "k3"  # one of KL_KINDS
+    kl_placement: str = "loss"  # one of KL_PLACEMENTS
+    kl_adaptive: bool = False
+    kl_target: float = 0.1
+    kl_horizon: float = 10000.0
+    entropy_coef: float = 0.0
+    # ---- value model
+    value: bool = False
+    value_clip: float | None = None
+
+    def __post_init__(self):
+        for field, value, allowed in (("estimator", self.estimator, ESTIMATORS), ("scale", self.scale, ADVANTAGE_SCALES),
+                                      ("ratio", self.ratio, RATIOS), ("surrogate", self.surrogate, SURROGATES),
+                                      ("aggregate", self.aggregate, AGGREGATE_MODES),
+                                      ("kl_estimator", self.kl_estimator, KL_KINDS),
+                                      ("kl_placement", self.kl_placement, KL_PLACEMENTS)):
+            if value not in allowed:
+                raise ValueError(f"Objective.{field} must be one of {', '.join(allowed)}, got {value!r}")
+        if ESTIMATORS[self.estimator].value and not self.value:
+            raise ValueError(f"Objective: the {self.estimator} estimator needs a value model (value=True)")
+
+    @classmethod
+    def from_config(cls, c) -> Objective:
+        """From a resolved, validated run config (`jaxrl_llm.config.prepare`)."""
+        a, loss, kl = c.advantage, c.loss, c.kl
+        return cls(
+            group_size=c.rollout.group_size, estimator=a.estimator, scale=a.scale, eps=a.eps, whiten=a.whiten,
+            gamma=a.gamma, lam=a.lam, lam_value=a.lam_value, adaptive_lam_alpha=a.adaptive_lam_alpha,
+            reinforce_pp_baseline=a.reinforce_pp_baseline, ratio=loss.ratio, surrogate=loss.surrogate,
+            clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip or None,
+            sapo_tau_pos=loss.sapo_tau_pos, sapo_tau_neg=loss.sapo_tau_neg, cispo_max=loss.cispo_max,
+            aggregate=loss.aggregate, norm_length=loss.norm_length, kl_coef=kl.coef, kl_estimator=kl.estimator,
+            kl_placement=kl.placement, kl_adaptive=kl.adaptive, kl_target=kl.target, kl_horizon=kl.horizon,
+            entropy_coef=c.entropy_coef, value=c.value.enabled, value_clip=c.value.clip or None)
+
+    @property
+    def uses_ref(self) -> bool:
+        """Whether a reference model (and its log-probs) is needed."""
+        return self.kl_coef > 0
+
+    def kl_controller(self):
+        """The initial KL coefficient state (a pytree kept in the train state)."""
+        if self.kl_adaptive:
+            return AdaptiveKLController.create(max(self.kl_coef, 1e-8), self.kl_target, self.kl_horizon)
+        return FixedKLController.create(self.kl_coef)
+
+    def advantages(self, b, kl_coef):
+        """(advantages (N,) or (N,T), returns (N,T) or None, KL statistics) of a scored rollout batch.
+
+        kl_coef: the current β (traced). Statistics: `kl/ref` (token-mean k3 of the rollout against the
+        reference) and `kl/seq_sum` (mean over rows of the summed estimator: the adaptive controller's
+        input); empty without a reference.
+        """
+        mask, stats, penalty = b["mask"], {}, None
+        if self.uses_ref:
+            k3 = kl_penalty(b["old_logp"], b["ref_logp"], "k3")
+            stats["kl/ref"] = aggregate(k3, mask, "token-mean")
+            kl_tok = jnp.where(mask > 0, kl_penalty(b["old_logp"], b["ref_logp"], self.kl_estimator), 0.0)
+            stats["kl/seq_sum"] = jnp.mean(jnp.sum(kl_tok, axis=1))
+            if self.kl_placement == "reward":
+                penalty = kl_coef * kl_tok
+        adv, returns = ESTIMATORS[self.estimator].fn(self, b, penalty)
+        return adv, returns, stats
+
+    def denominators(self, loss_mask):
+        """The normalisers of one optimizer step, over all its micro-batches: {'policy', 'value'}."""
+        return {"policy": aggregate_denominator(loss_mask, self.aggregate, norm_length=self.norm_length),
+                "value": aggregate_denominator(loss_mask, "token-mean")}
+
+    def policy_loss(self, logp, entropy, mb, kl_coef, den):
+        """Surrogate [+ β·KL in the loss] [− c_H·entropy] of one micro-batch, over the step's normaliser.
+
+        logp, entropy: (n,T) of the policy being trained; mb: the micro-batch (old_logp, adv, loss_mask,
+        ref_logp when the KL is in the loss). Returns (loss, metrics): sums are weighted by the micro-
+        batch's loss tokens (`ntok`) so that micro-batches combine by addition; ratio extremes apart.
+        """
+        m = mb["loss_mask"]
+        pl, pm = policy_loss(
+            logp, mb["old_logp"], mb["adv"], m, ratio=self.ratio, surrogate=self.surrogate,
+            clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
+            sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg, cispo_max=self.cispo_max,
+            aggregate=self.aggregate, norm_length=self.norm_length, denominator=den["policy"])
+        loss = pl
+        if self.uses_ref and self.kl_placement == "loss":
+            kl = kl_penalty(logp, mb["ref_logp"], self.kl_estimator)
+            loss = loss + kl_coef * aggregate_sum(kl, m, self.aggregate) / den["policy"]
+        if self.entropy_coef > 0:
+            loss = loss - self.entropy_coef * aggregate_sum(entropy, m, self.aggregate) / den["policy"]
+        ntok = jnp.sum(m)
+        metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(m > 0, entropy, 0.0)), "ntok": ntok,
+                   **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
+                   "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
+        return loss, metrics
+
+    def value_loss(self, values, mb, den):
+        """Clipped value loss of one micro-batch (token-mean over the step's loss tokens) and metrics."""
+        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"], clip=self.value_clip,
+                            aggregate="token-mean", denominator=den["value"])
+        ntok = jnp.sum(mb["loss_mask"])
+        return vl, {"value/loss": vl, **{f"value/{k}_sum": v * ntok for k, v in vm.items()}}

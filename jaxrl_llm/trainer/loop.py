@@ -1,0 +1,240 @@
+"""The RL loop: `Trainer(config, workdir).run()`.
+
+  setup      validate the config -> workdir -> mesh -> tokenizer, model config -> policy/reference/value
+             parameters on the mesh -> train state -> rewards -> data -> checkpoint restore -> metric sinks
+  each step  rollout (sample G completions per prompt, rewards, [DAPO resampling]) -> score pass
+             (reference log-probs, old values) -> advantages -> E epochs x M minibatches of the jitted,
+             state-donating update -> metrics, samples, checkpoint
+  end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
+
+An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
+subclass. Shapes: B prompts, G completions per prompt, N = B*G rows (prompt b owns rows b*G..b*G+G-1),
+P prompt tokens (left-padded), T completion tokens (right-padded).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from etils import epath
+
+from jaxrl_llm import config as config_lib
+from jaxrl_llm import distributed as dist
+from jaxrl_llm import faults, fs, sharding
+from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.checkpoint import Checkpointer, abstract_like
+from jaxrl_llm.models import save_hf
+from jaxrl_llm.models.config import config_to_hf_dict
+from jaxrl_llm.rl import Objective
+from jaxrl_llm.trainer import report, setup
+from jaxrl_llm.trainer.rollout import Rollouts
+from jaxrl_llm.trainer.state import TrainState, UpdatePlan
+from jaxrl_llm.trainer.steps import step_functions
+from jaxrl_llm.trainer.workdir import prepare_workdir, write_run_files
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Builds everything from a config, then `run()` trains to `total_steps` (resuming if possible).
+
+    config: a ConfigDict (`jaxrl_llm.base_config()` or a config file's) or a dict of fields (nested, or
+      dotted keys such as "rollout.group_size"); validated once, with unknown fields refused.
+    workdir: a local path or a URL that etils.epath and Orbax read (gs://...).
+    rewards: reward functions replacing `reward.functions`: callables `fn(prompts, completions,
+      **columns)`, registry names or "module:function" paths, each optionally as (reward, weight).
+    dataset: prompt rows replacing `data.path`/`data.task`: a `datasets.Dataset` or a list of dicts with
+      the configured prompt (and answer) columns.
+    devices: those of the mesh, all of `jax.devices()` by default.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict | Mapping[str, Any], workdir: str, *,
+                 rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
+        c, callables, rows = _with_python_inputs(config, rewards, dataset)
+        self.c, self.workdir = c, workdir
+        self.objective = Objective.from_config(c)
+        self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+        setup.check_batch_fits(c, self.mesh)
+        wd = prepare_workdir(workdir, c)
+        self.reward_fns = setup.build_rewards(c, self.mesh, callables)
+        model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
+        self._init_state(model_path)
+        dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        self.data = setup.data_iterator(c, dataset)
+        self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
+                                 self.pad_id)
+        self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
+                                 async_save=c.checkpoint.async_save)
+        self.start_step = self._restore()
+        write_run_files(wd, c, config_to_hf_dict(self.mc, c.model.dtype), self.tokenizer)
+        self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
+                                                resume_step=self.start_step)
+        leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
+        self.fns = step_functions(self.objective, UpdatePlan.from_config(c), self.mc, self.mesh, treedef,
+                                  tuple(leaves))
+
+    def _init_state(self, model_path: str) -> None:
+        """Policy, reference and value parameters on the mesh, and the train state holding them."""
+        c = self.c
+        init_rng, _, state_rng = jax.random.split(jax.random.PRNGKey(c.seed), 3)
+        params, self.param_shardings = setup.load_params(c, self.mc, model_path, self.mesh, init_rng)
+        self.uses_ref = self.objective.uses_ref
+        refresh = self.uses_ref and c.ref.refresh_every > 0  # then the reference lives in the state
+        copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=self.param_shardings)
+        self.frozen_ref = copy(params) if self.uses_ref and not refresh else None
+        value = setup.load_value_params(c, self.mc, params, self.mesh) if c.value.enabled else None
+        self.value_shardings = value[1] if value else None
+        self.state, self.state_shardings = setup.init_train_state(
+            c, self.objective, params, self.param_shardings, value, self.mesh, state_rng, refresh)
+
+    def _restore(self) -> int:
+        """Restores the latest checkpoint, if any (exact resume: state and data position)."""
+        restored = self.ckpt.restore(abstract_like(self.state))
+        if restored is None:
+            return 0
+        start, self.state, meta = restored
+        self.data.restore(meta["data"])
+        log.info("resumed from step %d in %s", start, self.workdir)
+        return start
+
+    # ======================================================================== the loop
+    def train_step(self, state: TrainState):
+        """One RL iteration. Returns (new state, metrics dict of floats, samples for logging)."""
+        c, fns = self.c, self.fns
+        t_step = time.perf_counter()
+        faults.point("step", state.step)  # read only under fault injection: no host sync otherwise
+        rng, sample_key, shuffle_key = jax.random.split(state.rng, 3)
+        local, first, info = self.rollouts.collect(state.params, sample_key)
+        b = self.rollouts.device_batch(local)
+
+        t_upd = time.perf_counter()
+        ref = state.ref_params if state.ref_params is not None else self.frozen_ref
+        B, per_mb = c.rollout.batch_prompts, c.rollout.batch_prompts // c.train.minibatches
+        with sharding.use_mesh(self.mesh):
+            b.update(fns.score(state, ref, b))
+            b.setdefault("old_logp", b["sampler_logp"])
+            b["adv"], b["returns"], kl_stats = fns.advantages(b, state.kl.value)
+            step_metrics, state = [], state.replace(rng=rng)
+            for epoch in range(c.train.epochs):
+                perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
+                for m in range(c.train.minibatches):
+                    state, mm = fns.update(state, b, perm[m * per_mb:(m + 1) * per_mb])
+                    faults.point("update")  # the update is running on the donated state
+                    step_metrics.append(mm)
+            if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:
+                state = state.replace(ref_params=fns.refresh_ref(state.ref_params, state.params))
+            kl_value = kl_stats.get("kl/seq_sum", jnp.float32(0.0))
+            state = state.replace(step=state.step + 1,
+                                  kl=state.kl.update(kl_value, jnp.float32(B * c.rollout.group_size)))
+        step_metrics = jax.device_get(step_metrics)
+        update_s = time.perf_counter() - t_upd
+
+        m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs)
+        m.update(report.rollout_metrics(first, info, c.rollout.group_size, c.dapo.dynamic_sampling))
+        P = local["prompt_tokens"].shape[1]
+        m.update(report.perf_metrics(c, info, P, time.perf_counter() - t_step, update_s,
+                                     report.step_flops(c, self.mc, P, self.uses_ref), self._peak))
+        m["step"] = float(state.step)
+        return state, m, report.samples(info, first, c.log.num_samples)
+
+    @functools.cached_property
+    def _peak(self) -> float:
+        return self.c.log.peak_flops or metrics_lib.peak_flops(jax.devices()[0])
+
+    def save(self, state, *, force=False):
+        self.ckpt.save(int(state.step), state, {"data": self.data.state(), "step": int(state.step)}, force=force)
+        self.writer.flush()  # metrics up to a checkpoint are durable, also where files cannot be appended to
+        faults.point("checkpoint", int(state.step))  # Orbax's asynchronous write is in flight
+
+    def run(self) -> list[dict]:
+        """Trains from the restored step to total_steps; returns this run's metrics rows."""
+        c = self.c
+        state, history = self.state, []
+        progress = contextlib.nullcontext()
+        if c.log.progress and dist.is_main():
+            from tqdm import tqdm
+            progress = tqdm(total=c.total_steps, initial=self.start_step, desc=f"{c.algo}", dynamic_ncols=True)
+        with progress as bar:
+            for step in range(self.start_step, c.total_steps):
+                state, m, samples = self.train_step(state)
+                self.writer.write(step + 1, m)
+                if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
+                    self.writer.write_samples(step + 1, samples)
+                history.append(m)
+                if bar is not None and hasattr(bar, "update"):
+                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
+                                    tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
+                    bar.update(1)
+                self._check_finite(state, step)
+                if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
+                    self.save(state)
+        self.state = state
+        if self.ckpt.latest_step() != int(state.step):
+            self.save(state, force=True)
+        self.ckpt.wait()
+        self.writer.flush()
+        self.finish()
+        return history
+
+    def _check_finite(self, state, step: int) -> None:
+        if int(state.nonfinite) >= self.c.train.max_nonfinite_steps:
+            self.ckpt.wait()
+            raise FloatingPointError(
+                f"{int(state.nonfinite)} consecutive updates had NaN/inf loss or gradients (step {step + 1}); "
+                f"stopped with the last good checkpoint intact (train.max_nonfinite_steps="
+                f"{self.c.train.max_nonfinite_steps})")
+
+    def finish(self):
+        """Export, plot and the DONE marker (process 0)."""
+        c = self.c
+        wd = epath.Path(self.workdir)
+        # Every process takes part in gathering the sharded parameters; process 0 writes them.
+        params = jax.tree_util.tree_map(dist.to_host, self.state.params) if c.export.at_end else None
+        if dist.is_main():
+            if c.export.at_end:
+                export = lambda out: save_hf(out, self.mc, params, tokenizer=self.tokenizer, dtype=c.export.dtype or None)
+                if fs.is_url(self.workdir):
+                    fs.write_via_local_dir(wd / "hf", export)
+                else:
+                    export(str(wd / "hf"))  # atomic in place
+            metrics_path = wd / "metrics.jsonl"
+            if c.export.plot and metrics_path.exists():
+                metrics_lib.plot_curves(str(metrics_path), str(wd / "curves.png"))
+            (wd / "DONE").write_text(f"{int(self.state.step)}\n", encoding="utf-8")  # last: the run is complete
+        self.writer.close()
+        self.ckpt.close()
+
+
+def _with_python_inputs(config, rewards: Sequence[Any] | None, dataset: Any):
+    """(the prepared config, reward callables, dataset rows): Python-API inputs are recorded in the
+    config (rewards by name or `module:qualname`, the dataset by a fingerprint), so that config.json
+    describes the run and a rerun with other inputs is refused by the workdir check."""
+    from jaxrl_llm.data.loading import as_dataset  # `datasets` only when the run starts
+
+    c = config_lib.from_dict(config) if isinstance(config, Mapping) else copy.deepcopy(config)
+    callables: list[Callable[..., Any]] = []
+    if rewards is not None:
+        names, weights = [], []
+        for r in rewards:
+            fn, weight = r if isinstance(r, tuple) else (r, 1.0)
+            if callable(fn) and not isinstance(fn, str):
+                callables.append(fn)
+                fn = setup.reward_name(fn)
+            names.append(str(fn))
+            weights.append(str(float(weight)))
+        c.reward.functions, c.reward.weights = ",".join(names), ",".join(weights)
+    rows = None
+    if dataset is not None:
+        if c.data.path or c.data.task:
+            raise ValueError("pass the prompts either as dataset= or as config.data.path/data.task, not both")
+        rows = as_dataset(dataset)
+        c.data.path = f"<in-memory dataset {rows._fingerprint}>"
+    return config_lib.prepare(c), callables, rows

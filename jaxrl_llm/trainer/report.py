@@ -1,0 +1,74 @@
+"""What a step reports: its metrics (the names of docs/design.md), samples for the log, and its FLOPs."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import distributed as dist
+from jaxrl_llm import metrics as metrics_lib
+
+
+def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, recompute: bool) -> dict[str, float]:
+    """The updates' metrics combined over the step's minibatches, with the KL and sampler figures."""
+    m: dict[str, float] = {}
+    for k in step_metrics[0]:
+        vals = [float(x[k]) for x in step_metrics]
+        m[k] = min(vals) if k.endswith("ratio_min") else max(vals) if k.endswith("max") else float(np.mean(vals))
+    # Updates of this step skipped for a NaN/inf loss or gradient, and the consecutive ones so far
+    # (the run stops when they reach train.max_nonfinite_steps).
+    m["train/skipped_updates"] = float(sum(float(x["train/skipped_updates"]) for x in step_metrics))
+    m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
+    # Before the first update the policy is the sampler's: that step's difference is the sampler's.
+    m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
+    if recompute:
+        valid = b["mask"] > 0
+        m["sampler/logp_diff_max"] = float(jnp.max(jnp.where(valid, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0)))
+    m.update({k: float(v) for k, v in jax.device_get(kl_stats).items() if k != "kl/seq_sum"})
+    m["kl/coef"] = float(kl_coef)
+    return m
+
+
+def rollout_metrics(first: dict, info: dict, G: int, dynamic_sampling: bool) -> dict[str, float]:
+    """Rewards and lengths of the step's first sampling round, over every process's rows."""
+    scores = dist.allgather_rows(first["scores"])
+    groups = scores.reshape(-1, G)
+    lengths = dist.allgather_rows(first["lengths"]).astype(np.float64)
+    truncated = dist.allgather_rows(first["truncated"])
+    m = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
+         "reward/frac_zero_std": float(np.mean(groups.std(axis=1) == 0)) if G > 1 else 0.0,
+         "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+         "response_length/min": float(lengths.min()), "response_length/clip_ratio": float(truncated.mean())}
+    for k, v in info["reward_metrics"].items():
+        m[k] = float(np.mean(dist.allgather_rows(np.array([v]))))
+    if dynamic_sampling:
+        m["dapo/sample_rounds"] = float(info["rounds"])
+        m["dapo/kept_groups"] = float(info["kept_groups"])
+    return m
+
+
+def perf_metrics(c, info: dict, P: int, step_s: float, update_s: float, flops: float, peak: float) -> dict[str, float]:
+    """Throughput of the step: sampled tokens/s, update tokens/s, model FLOPs utilization."""
+    N = c.rollout.batch_prompts * c.rollout.group_size
+    gen_tokens = float(np.sum(dist.allgather_rows(np.array([info["gen_tokens"]]))))
+    update_tokens = c.train.epochs * (c.rollout.batch_prompts * P + N * c.rollout.max_new_tokens)
+    return {"perf/step_s": step_s, "perf/sample_tokens_per_s": gen_tokens / max(info["sample_s"], 1e-9),
+            "perf/update_tokens_per_s": update_tokens / max(update_s, 1e-9),
+            "perf/mfu": flops / step_s / (peak * jax.device_count())}
+
+
+def step_flops(c, mc, P: int, uses_ref: bool) -> float:
+    """FLOPs of one step: sampling + reference/value forwards + forward+backward of every update."""
+    B, G, T = c.rollout.batch_prompts, c.rollout.group_size, c.rollout.max_new_tokens
+    prompt = B * metrics_lib.flops_per_token(mc, P / 2, lm_head=False)
+    completion = B * G * T * metrics_lib.flops_per_token(mc, P + T / 2)
+    sample = prompt + completion
+    forwards = (int(uses_ref) + int(c.rollout.recompute_logprobs) + int(c.value.enabled)) * (prompt + completion)
+    train = 3 * c.train.epochs * (prompt + completion) * (2 if c.value.enabled else 1)
+    return sample + forwards + train
+
+
+def samples(info: dict, first: dict, n: int) -> list[dict]:
+    """The first `n` (prompt, completion, reward) triples of the step, for samples.jsonl."""
+    return [{"prompt": info["prompts"][i], "completion": info["completions"][i], "reward": float(first["scores"][i])}
+            for i in range(min(n, len(info["prompts"])))]

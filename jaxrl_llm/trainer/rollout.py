@@ -1,0 +1,126 @@
+"""Rollouts on the host side: sample G completions per prompt, decode them, score them with the reward
+functions, [DAPO: drop groups whose rewards are all equal and sample more], and put the batch on the mesh.
+
+Rows are this process's: B_local prompts x G completions, prompt b owning rows b*G..b*G+G-1.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxrl_llm import distributed as dist
+from jaxrl_llm import faults, sharding
+from jaxrl_llm.data import pad_prompt_batch
+from jaxrl_llm.rewards import compute_rewards
+from jaxrl_llm.sampling import generate
+
+_PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # indexed by prompt; every other key by row
+
+
+class Rollouts:
+    """Draws rollout batches from the prompt iterator with the current policy parameters."""
+
+    def __init__(self, c, mc, mesh, data, tokenizer, reward_fns, eos_ids, pad_id):
+        self.c, self.mc, self.mesh, self.data, self.tokenizer = c, mc, mesh, data, tokenizer
+        self.reward_fns, self.eos_ids, self.pad_id = reward_fns, eos_ids, pad_id
+        self.rows_sharding = sharding.batch_sharding(mesh, 2)
+        self.vec_sharding = sharding.batch_sharding(mesh, 1)
+
+    def sample_round(self, params, key):
+        """One batch of prompts sampled and scored: (this host's rows as NumPy, prompts, completions,
+        reward metrics)."""
+        c = self.c
+        batch = next(self.data)
+        tokens, pmask = pad_prompt_batch(batch, c.data.max_prompt_length, self.pad_id)
+        prompts_g, pmask_g = dist.to_global(tokens, self.rows_sharding), dist.to_global(pmask, self.rows_sharding)
+        with sharding.use_mesh(self.mesh):
+            r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
+                         num_samples=c.rollout.group_size, temperature=c.rollout.temperature,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        faults.point("sample")  # the sampler is running (dispatch is asynchronous)
+        local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
+                 "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
+                 "lengths": dist.to_local(r.lengths), "truncated": dist.to_local(r.truncated)}
+        prompts, completions, columns = self._texts(batch, local)
+        scores, reward_metrics = compute_rewards(self.reward_fns, prompts, completions, columns,
+                                                 on_error=c.reward.on_error)
+        local["scores"] = scores
+        local["valid"] = np.ones(len(scores), np.float32)
+        return local, prompts, completions, reward_metrics
+
+    def _texts(self, batch, local):
+        """(prompts, completions, columns) of every row, as the reward functions receive them."""
+        G = self.c.rollout.group_size
+        ends = local["lengths"] - (~local["truncated"]).astype(np.int64)  # the EOS is not part of the text
+        completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
+                                                  skip_special_tokens=False)
+        # Rewards see the user's prompt (a reward model applies its own chat template); the rendered
+        # prompt is the `prompt_text` column.
+        prompts = [p for p in batch["prompt_user"] for _ in range(G)]
+        skip = {"prompt_user", "prompt_ids", "global_max_prompt_length"}
+        columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.items() if k not in skip}
+        columns.update(completion_lengths=local["lengths"].tolist(), truncated=local["truncated"].tolist(),
+                       max_completion_length=self.c.rollout.max_new_tokens)
+        return prompts, completions, columns
+
+    def collect(self, params, key):
+        """One batch of B prompts x G completions (with DAPO's dynamic sampling when enabled).
+
+        Returns (rows for the update, the first round's rows (what metrics describe), info)."""
+        c = self.c
+        G, B_local = c.rollout.group_size, c.rollout.batch_prompts // jax.process_count()
+        t0 = time.perf_counter()
+        local, prompts, completions, reward_metrics = self.sample_round(params, jax.random.fold_in(key, 0))
+        first = dict(local)
+        gen_tokens = local["lengths"].sum()
+        info = {"prompts": prompts, "completions": completions, "reward_metrics": reward_metrics, "rounds": 1}
+        if c.dapo.dynamic_sampling:
+            kept, spare = split_groups(local, G)
+            rounds = 1
+            while dist.allgather_rows(np.array([len(kept) < B_local])).any() and rounds < c.dapo.max_sample_rounds:
+                more, _, _, _ = self.sample_round(params, jax.random.fold_in(key, rounds))
+                gen_tokens += more["lengths"].sum()
+                k2, s2 = split_groups(more, G)
+                kept, spare, rounds = kept + k2, spare + s2, rounds + 1
+            fill = [dict(g, valid=np.zeros_like(g["valid"])) for g in spare]  # zero-weight groups keep shapes
+            local = join_groups((kept + fill)[:B_local])
+            info.update(rounds=rounds, kept_groups=min(len(kept), B_local) / B_local)
+        info["sample_s"] = time.perf_counter() - t0
+        info["gen_tokens"] = float(gen_tokens)
+        return local, first, info
+
+    def device_batch(self, local):
+        """Global arrays of the update batch from this host's rows."""
+        loss_mask = local["mask"] * local["valid"][:, None]
+        if self.c.dapo.mask_truncated:
+            loss_mask = loss_mask * (~local["truncated"])[:, None]
+        put = lambda x, dtype: dist.to_global(np.asarray(x, dtype),
+                                              self.rows_sharding if np.ndim(x) == 2 else self.vec_sharding)
+        return {"prompt_tokens": put(local["prompt_tokens"], np.int32), "prompt_mask": put(local["prompt_mask"], np.int32),
+                "tokens": put(local["tokens"], np.int32), "mask": put(local["mask"], np.int32),
+                "loss_mask": put(loss_mask, np.float32), "sampler_logp": put(local["sampler_logp"], np.float32),
+                "scores": put(local["scores"], np.float32)}
+
+
+def split_groups(local: dict, G: int):
+    """This host's rollout rows -> (groups with reward variance, groups without), one dict per group."""
+    kept, spare = [], []
+    for g in range(len(local["scores"]) // G):
+        rows = slice(g * G, (g + 1) * G)
+        group = {k: (v[g:g + 1] if k in _PROMPT_KEYS else v[rows]) for k, v in local.items()}
+        (kept if np.ptp(group["scores"]) > 0 else spare).append(group)
+    return kept, spare
+
+
+def join_groups(groups: list[dict]) -> dict:
+    """Concatenates groups, left-padding prompts of different buckets to the longest."""
+    P = max(g["prompt_tokens"].shape[1] for g in groups)
+    out = {}
+    for k in groups[0]:
+        parts = [g[k] for g in groups]
+        if k in _PROMPT_KEYS:
+            parts = [np.pad(p, ((0, 0), (P - p.shape[1], 0))) for p in parts]  # masked out: any id will do
+        out[k] = np.concatenate(parts)
+    return out

@@ -1,0 +1,159 @@
+"""The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
+
+  score(state, ref_params, batch)  -> reference log-probs, old values, recomputed old log-probs (N,T)
+  advantages(batch, kl_coef)       -> advantages, returns, KL statistics (`Objective.advantages`)
+  update(state, batch, prompts)    -> state after one optimizer step on those prompts' rows, metrics
+  refresh_ref(ref, policy)         -> the mixed reference
+
+The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
+and the NaN guard. Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_llm import sharding
+from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.rl import Objective
+from jaxrl_llm.trainer.state import UpdatePlan
+
+_EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combined by min/max, not summed
+
+
+@flax.struct.dataclass
+class StepFunctions:
+    score: Any = flax.struct.field(pytree_node=False)
+    advantages: Any = flax.struct.field(pytree_node=False)
+    update: Any = flax.struct.field(pytree_node=False)
+    refresh_ref: Any = flax.struct.field(pytree_node=False)
+
+
+def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
+    """The rows of prompts `pidx` (whole groups, so prompts stay shared in the forward pass)."""
+    rows = (pidx[:, None] * group_size + jnp.arange(group_size)[None]).reshape(-1)
+    return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
+
+
+def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False):
+    """Log-probs (N,T) [and entropies] of the batch's completions under `params`."""
+    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+    return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
+
+
+def values_of(mc: ModelConfig, vparams, b):
+    """Values (N,T) of the batch's completion tokens."""
+    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+    return value_head(mc, vparams, hidden)
+
+
+def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
+    def score_chunk(state, ref_params, b):
+        out = {}
+        if objective.uses_ref:
+            out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature)
+        if objective.value:
+            out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b), 0.0)
+        if plan.recompute_logprobs:
+            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature), 0.0)
+        return out
+
+    def score(state, ref_params, b):
+        """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
+        prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk."""
+        k, G = plan.score_chunks, plan.group_size
+        if k == 1:
+            return score_chunk(state, ref_params, b)
+        n_prompts = b["prompt_tokens"].shape[0]
+        chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
+        outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx, G)), chunks)
+        # (k, B/k*G, T) -> (B/k, k, G, T) -> (N, T): prompt i*k + j is row block (i, j).
+        return {name: x.reshape(k, n_prompts // k, G, -1).swapaxes(0, 1).reshape(n_prompts * G, -1)
+                for name, x in outs.items()}
+    return score
+
+
+def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
+    tx, schedule = plan.optimizer.build()
+    value_tx, _ = plan.value_optimizer.build()
+
+    def losses(params, vparams, kl_coef, mb, den):
+        """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
+        logp, ent = logp_of(mc, params, mb, plan.temperature, with_entropy=True)
+        loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
+        aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
+        if objective.value:
+            vl, vaux = objective.value_loss(values_of(mc, vparams, mb), mb, den)
+            loss, aux = loss + vl, {**aux, **vaux}
+        return loss, aux
+
+    def gradients(state, b, pidx):
+        """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
+        (each normalized by the whole minibatch's denominator, so the sums are the minibatch's)."""
+        den = objective.denominators(minibatch(b, pidx, plan.group_size)["loss_mask"])
+        grad_fn = jax.value_and_grad(losses, argnums=(0, 1), has_aux=True)
+
+        def one(p):
+            (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
+                                         minibatch(b, p, plan.group_size), den)
+            summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
+            return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
+
+        micro = pidx.reshape(plan.grad_accum, -1)
+        acc, extremes = one(micro[0])
+        if plan.grad_accum > 1:
+            def body(acc, p):
+                out, ext = one(p)
+                return jax.tree_util.tree_map(jnp.add, acc, out), ext
+            acc, more = jax.lax.scan(body, acc, micro[1:])
+            extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
+        return acc, extremes
+
+    def update(state, b, pidx):
+        """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite."""
+        (loss, (g, vg), aux), (rmin, rmax, diff) = gradients(state, b, pidx)
+        gnorm = optax.global_norm(g)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        updates, opt_state = tx.update(g, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        value_params, value_opt_state, metrics = state.value_params, state.value_opt_state, {}
+        if objective.value:
+            vupdates, value_opt_state = value_tx.update(vg, state.value_opt_state, state.value_params)
+            value_params = optax.apply_updates(state.value_params, vupdates)
+            ok = ok & jnp.isfinite(optax.global_norm(vg))
+            metrics["value/grad_norm"] = optax.global_norm(vg)
+        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b_: jnp.where(ok, a, b_), new, old)
+        new_state = state.replace(
+            params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+            value_params=keep(value_params, state.value_params),
+            value_opt_state=keep(value_opt_state, state.value_opt_state),
+            opt_step=state.opt_step + ok.astype(jnp.int32), nonfinite=jnp.where(ok, 0, state.nonfinite + 1))
+        ntok = jnp.maximum(aux.pop("ntok"), 1.0)
+        for k, v in aux.items():  # "<name>_sum" are sums weighted by tokens: back to per-token means
+            metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
+        metrics.update({"policy/grad_norm": gnorm, "policy/ratio_min": jnp.min(rmin),
+                        "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
+                        "lr": schedule(state.opt_step), "train/skipped_updates": 1.0 - ok.astype(jnp.float32),
+                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32)})
+        return new_state, metrics
+    return update
+
+
+@functools.lru_cache(maxsize=16)
+def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh, state_treedef,
+                   state_sharding_leaves) -> StepFunctions:
+    """Cached on its (hashable) arguments, so a resumed or repeated run in the same process reuses the
+    compiled programs."""
+    state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
+    alpha = plan.ref_mix_alpha
+    return StepFunctions(
+        score=jax.jit(make_score(objective, plan, mc)), advantages=jax.jit(objective.advantages),
+        update=jax.jit(make_update(objective, plan, mc), donate_argnums=(0,),
+                       out_shardings=(state_shardings, sharding.replicated(mesh))),
+        refresh_ref=jax.jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
+                            donate_argnums=(0,)))

@@ -1,0 +1,80 @@
+"""The run's directory: created and checked before anything is loaded; the files that describe the run.
+
+A workdir holds one run. Starting again with the same config resumes it; with another config it is
+refused (or, with `force_new`, the old run is moved aside to `<workdir>/replaced-<time>/`, never deleted).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import ml_collections
+from etils import epath
+
+from jaxrl_llm import distributed as dist
+from jaxrl_llm import fs
+
+# Fields that may change between a run and its resumption (they do not change what is computed; the
+# mesh only changes float rounding: a checkpoint restores onto any mesh).
+RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh")
+
+
+def prepare_workdir(workdir: str, c: ml_collections.ConfigDict) -> epath.Path:
+    """Creates `workdir` (local or a URL etils.epath reads, gs://...) and checks it can hold this run."""
+    wd = epath.Path(workdir)
+    try:
+        wd.mkdir(parents=True, exist_ok=True)
+    except Exception as e:  # e.g. gs:// without gcsfs installed, or no permission on the bucket
+        raise OSError(f"workdir {workdir} cannot be created: {' '.join(str(e).split())[:200]}") from None
+    if not fs.is_url(workdir) and not os.access(workdir, os.W_OK):
+        raise PermissionError(f"workdir {workdir} is not writable")
+    check_workdir(workdir, c)
+    return wd
+
+
+def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
+    """Refuses a workdir holding a run with an incompatible config (unless force_new: then it is moved
+    aside to <workdir>/replaced-<time>/, never deleted)."""
+    path = epath.Path(workdir) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # hand-edited or damaged (the trainer writes it atomically)
+        raise ValueError(f"workdir {workdir}: config.json is not valid JSON ({e}); restore it, or use "
+                         "another workdir") from None
+    new = json.loads(resolved.to_json())
+    diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+    if not diff:
+        return
+    if not resolved.force_new:
+        detail = _first_difference(old, new, diff[0])
+        raise ValueError(f"workdir {workdir} holds a run with another config ({detail}); use another workdir "
+                         "or --config.force_new=True to start afresh (the old run is kept aside)")
+    if dist.is_main():
+        aside = epath.Path(workdir) / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir(parents=True)
+        for entry in epath.Path(workdir).iterdir():
+            if not entry.name.startswith("replaced-"):
+                entry.rename(aside / entry.name)
+    dist.sync("force_new")
+
+
+def _first_difference(old, new, key, prefix=""):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a, b, k, f"{prefix}{key}.")
+    return f"{prefix}{key}: {a!r} there, {b!r} now"
+
+
+def write_run_files(wd: epath.Path, c: ml_collections.ConfigDict, model_config: dict, tokenizer) -> None:
+    """config.json, model_config.json and the tokenizer (process 0). Rewritten at every start,
+    atomically: a kill mid-write would otherwise leave a run that cannot resume."""
+    if not dist.is_main():
+        return
+    fs.write_text_atomic(wd / "config.json", c.to_json(indent=2))
+    fs.write_text_atomic(wd / "model_config.json", json.dumps(model_config, indent=2))
+    fs.write_via_local_dir(wd / "tokenizer", tokenizer.save_pretrained)

@@ -92,6 +92,28 @@ def truncate_largest_file(directory, keep: float = 0.5) -> str:
     return path
 
 
+def flip_a_parameter_bit(state_dir) -> str:
+    """Rewrites the Orbax `state` item of a checkpoint with one bit of one policy parameter flipped and
+    its metadata (checksums) left as saved: the silent damage that only the checksums can see, wherever
+    Orbax puts the bytes. Returns the damaged array's path."""
+    import shutil
+
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    tree = checkpointer.restore(str(state_dir))
+    (path, leaf), *_ = jax.tree_util.tree_leaves_with_path(tree["params"])
+    words = np.array(leaf).reshape(-1).view(np.uint32 if leaf.dtype.itemsize == 4 else np.uint16)
+    words[0] ^= 1
+    flipped = words.view(leaf.dtype).reshape(leaf.shape)
+    tree["params"] = jax.tree_util.tree_map_with_path(lambda p, x: flipped if p == path else x, tree["params"])
+    shutil.rmtree(state_dir)
+    checkpointer.save(str(state_dir), tree)
+    checkpointer.wait_until_finished()
+    return jax.tree_util.keystr(path)
+
+
 # ---------------------------------------------------------------------------- broken reward functions
 def always_raises(prompts, completions, **_):
     raise ZeroDivisionError("the grader divided by zero")

@@ -392,7 +392,7 @@ CATALOGUE = [
     ("export_missing_step", lambda a: ("export", [f"--workdir={a['ref']}", f"--out={a['out']}", "--step=99"], {}),
      "no checkpoint for step 99"),
     ("export_corrupt_checkpoint", lambda a: ("export", [f"--workdir={a['ref_corrupt']}", f"--out={a['out']}"], {}),
-     f"checkpoint step {STEPS} in"),
+     "cannot be restored: array params/embed does not match the checksum saved with it"),
     ("export_bad_dtype", lambda a: ("export", [f"--workdir={a['ref']}", f"--out={a['out']}", "--dtype=int8"], {}),
      "flag --dtype=int8: value should be one of"),
     ("export_out_is_a_file", lambda a: ("export", [f"--workdir={a['ref']}", f"--out={a['a_file']}"], {}),
@@ -427,8 +427,9 @@ def _catalogue_assets(tmp, ref) -> dict:
     (tmp / "wd_bad_json" / "config.json").write_text('{"algo": "grpo", ')  # cut short
     a.update(wd_other_config=str(tmp / "wd_other_config"), wd_bad_json=str(tmp / "wd_bad_json"))
     shutil.copytree(ref, tmp / "ref_corrupt", ignore=shutil.ignore_patterns("hf"))
-    # Cut to nothing: a half file may still hold every parameter (the export reads no optimizer state).
-    fr.truncate_largest_file(tmp / "ref_corrupt" / "checkpoints" / str(STEPS) / "state", keep=0.0)
+    # The export promises to refuse parameters that do not verify (it reads no optimizer state): flip one
+    # bit of a parameter, wherever Orbax lays the bytes out, and keep the checksums saved with the step.
+    fr.flip_a_parameter_bit(tmp / "ref_corrupt" / "checkpoints" / str(STEPS) / "state")
     a["ref_corrupt"] = str(tmp / "ref_corrupt")
     return a
 

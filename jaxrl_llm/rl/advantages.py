@@ -9,50 +9,17 @@ Argument errors (shapes, group sizes, out-of-range constants) raise `ValueError`
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
+
+from jaxrl_llm.rl.checks import check_2d, check_range, check_scalar, check_shape
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
 
 # --------------------------------------------------------------------------------------------------
-# Argument checks (trace time: they read shapes and Python constants, never traced values)
+# Argument checks of this module (jaxrl_llm.rl.checks has the shared ones)
 # --------------------------------------------------------------------------------------------------
-
-def _static_float(x):
-    """`x` as a Python float when its value is known at trace time, else None."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
-
-
-def _check_range(fn, name, x, lo, hi, *, lo_open=False, hi_open=False):
-    v = _static_float(x)
-    if v is None:
-        return
-    bad = (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi)
-    if bad:
-        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(f"{fn}: {name} must be in {lb}{lo}, {hi}{rb}, got {v}")
-
-
-def _check_scalar(fn, name, x):
-    if jnp.ndim(x) != 0:
-        raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(x)}")
-
-
-def _check_shape(fn, name, x, shape):
-    if jnp.shape(x) != tuple(shape):
-        raise ValueError(f"{fn}: {name} must have shape {tuple(shape)}, got {jnp.shape(x)}")
-
-
-def _check_2d(fn, name, x):
-    if jnp.ndim(x) != 2:
-        raise ValueError(f"{fn}: {name} must be 2-D (N, T), got shape {jnp.shape(x)}")
 
 
 def _check_group_size(fn, group_size, n):
@@ -72,7 +39,7 @@ def _per_row(fn, name, x, n):
     """A scalar or an (N,) array as an (N,) float32 array (e.g. a per-row λ)."""
     x = jnp.asarray(x, jnp.float32)
     if x.ndim == 0:
-        _check_range(fn, name, x, 0.0, 1.0)
+        check_range(fn, name, x, 0.0, 1.0)
         return jnp.broadcast_to(x, (n,))
     if x.shape != (n,):
         raise ValueError(f"{fn}: {name} must be a scalar or have shape ({n},), got {x.shape}")
@@ -106,11 +73,11 @@ def gae(rewards, values, mask, *, gamma, lam, lam_value=None):
     fn = "gae"
     rewards = jnp.asarray(rewards, jnp.float32)
     values = jnp.asarray(values, jnp.float32)
-    _check_2d(fn, "rewards", rewards)
-    _check_shape(fn, "values", values, rewards.shape)
-    _check_shape(fn, "mask", mask, rewards.shape)
-    _check_scalar(fn, "gamma", gamma)
-    _check_range(fn, "gamma", gamma, 0.0, 1.0)
+    check_2d(fn, "rewards", rewards)
+    check_shape(fn, "values", values, rewards.shape)
+    check_shape(fn, "mask", mask, rewards.shape)
+    check_scalar(fn, "gamma", gamma)
+    check_range(fn, "gamma", gamma, 0.0, 1.0)
     n = rewards.shape[0]
     m = jnp.asarray(mask) != 0
     gamma = jnp.asarray(gamma, jnp.float32)
@@ -152,9 +119,9 @@ def adaptive_lam(mask, *, alpha):
       (N,) float32 λ per row (1 for rows without valid tokens, where it is never used).
     """
     fn = "adaptive_lam"
-    _check_2d(fn, "mask", mask)
-    _check_scalar(fn, "alpha", alpha)
-    _check_range(fn, "alpha", alpha, 0.0, float("inf"), lo_open=True)
+    check_2d(fn, "mask", mask)
+    check_scalar(fn, "alpha", alpha)
+    check_range(fn, "alpha", alpha, 0.0, float("inf"), lo_open=True)
     lengths = jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.float32)
     lam = 1.0 - 1.0 / (jnp.asarray(alpha, jnp.float32) * jnp.maximum(lengths, 1.0))
     return jnp.where(lengths > 0, jnp.clip(lam, 0.0, 1.0), 1.0)
@@ -181,10 +148,10 @@ def whiten(x, mask, shift_mean=True, *, eps=1e-8):
     """
     fn = "whiten"
     x = jnp.asarray(x, jnp.float32)
-    _check_shape(fn, "mask", mask, x.shape)
+    check_shape(fn, "mask", mask, x.shape)
     if not isinstance(shift_mean, bool):
         raise ValueError(f"{fn}: shift_mean must be a Python bool, got {shift_mean!r}")
-    _check_range(fn, "eps", eps, 0.0, float("inf"))
+    check_range(fn, "eps", eps, 0.0, float("inf"))
     m = jnp.asarray(mask) != 0
     n = jnp.sum(m).astype(jnp.float32)
     mean = jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(n, 1.0)
@@ -216,13 +183,13 @@ def token_rewards(scores, mask, kl=None):
     """
     fn = "token_rewards"
     scores = jnp.asarray(scores, jnp.float32)
-    _check_2d(fn, "mask", mask)
+    check_2d(fn, "mask", mask)
     n, t = jnp.shape(mask)
-    _check_shape(fn, "scores", scores, (n,))
+    check_shape(fn, "scores", scores, (n,))
     m = jnp.asarray(mask) != 0
     r = _last_valid_onehot(m) * scores[:, None]
     if kl is not None:
-        _check_shape(fn, "kl", kl, (n, t))
+        check_shape(fn, "kl", kl, (n, t))
         r = r - jnp.asarray(kl, jnp.float32)
     return jnp.where(m, r, 0.0)
 
@@ -259,7 +226,7 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6):
     fn = "group_advantages"
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"{fn}: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
-    _check_range(fn, "eps", eps, 0.0, float("inf"))
+    check_range(fn, "eps", eps, 0.0, float("inf"))
     rewards, rg, tied = _grouped(fn, rewards, group_size)
     centered = rg - jnp.mean(rg, axis=1, keepdims=True)
     if scale == "group":
@@ -308,9 +275,9 @@ def reinforce_pp_advantages(scores, kl, mask, *, gamma, group_size=None):
     """
     fn = "reinforce_pp_advantages"
     scores = jnp.asarray(scores, jnp.float32)
-    _check_2d(fn, "mask", mask)
-    _check_shape(fn, "scores", scores, (jnp.shape(mask)[0],))
-    _check_shape(fn, "kl", kl, jnp.shape(mask))
+    check_2d(fn, "mask", mask)
+    check_shape(fn, "scores", scores, (jnp.shape(mask)[0],))
+    check_shape(fn, "kl", kl, jnp.shape(mask))
     if group_size is not None:
         _, sg, tied = _grouped(fn, scores, group_size)
         scores = jnp.where(tied, 0.0, sg - jnp.mean(sg, axis=1, keepdims=True)).reshape(-1)

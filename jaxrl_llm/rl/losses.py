@@ -20,6 +20,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrl_llm.rl.checks import check_2d, check_choice, check_positive, check_shape, static_float
+
+from jaxrl_llm.rl.surrogates import SURROGATES
+
 AGGREGATE_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                    "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
@@ -31,40 +35,8 @@ _TINY = float(jnp.finfo(jnp.float32).tiny)
 
 
 # --------------------------------------------------------------------------------------------------
-# Argument checks (trace time)
+# Argument checks of this module (jaxrl_llm.rl.checks has the shared ones)
 # --------------------------------------------------------------------------------------------------
-
-def _static_float(x):
-    """`x` as a Python float when its value is known at trace time, else None."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
-
-
-def _check_choice(fn, name, value, choices):
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{fn}: {name} must be one of {tuple(choices)}, got {value!r}")
-
-
-def _check_shape(fn, name, x, shape):
-    if jnp.shape(x) != tuple(shape):
-        raise ValueError(f"{fn}: {name} must have shape {tuple(shape)}, got {jnp.shape(x)}")
-
-
-def _check_2d(fn, name, x):
-    if jnp.ndim(x) != 2:
-        raise ValueError(f"{fn}: {name} must be 2-D (N, T), got shape {jnp.shape(x)}")
-
-
-def _check_positive(fn, name, x):
-    if jnp.ndim(x) != 0:
-        raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(x)}")
-    v = _static_float(x)
-    if v is not None and not v > 0:
-        raise ValueError(f"{fn}: {name} must be > 0, got {v}")
 
 
 def _check_denominator(fn, denominator):
@@ -105,8 +77,8 @@ def kl_penalty(logp, ref_logp, kind="k3"):
       float32 array of logp's shape (not masked: aggregate it with `aggregate`).
     """
     fn = "kl_penalty"
-    _check_choice(fn, "kind", kind, KL_KINDS)
-    _check_shape(fn, "ref_logp", ref_logp, jnp.shape(logp))
+    check_choice(fn, "kind", kind, KL_KINDS)
+    check_shape(fn, "ref_logp", ref_logp, jnp.shape(logp))
     d = jnp.asarray(ref_logp, jnp.float32) - jnp.asarray(logp, jnp.float32)
     if kind == "k1":
         return -d
@@ -122,10 +94,10 @@ def kl_penalty(logp, ref_logp, kind="k3"):
 # --------------------------------------------------------------------------------------------------
 
 def _agg_args(fn, x, mask, mode):
-    _check_choice(fn, "mode", mode, AGGREGATE_MODES)
-    _check_2d(fn, "mask", mask)
+    check_choice(fn, "mode", mode, AGGREGATE_MODES)
+    check_2d(fn, "mask", mask)
     if x is not None:
-        _check_shape(fn, "x", x, jnp.shape(mask))
+        check_shape(fn, "x", x, jnp.shape(mask))
     return jnp.asarray(mask) != 0
 
 
@@ -150,7 +122,7 @@ def _denominator(m, mode, norm_length):
 
 def _check_norm_length(fn, norm_length):
     if norm_length is not None:
-        _check_positive(fn, "norm_length", norm_length)
+        check_positive(fn, "norm_length", norm_length)
 
 
 def aggregate_sum(x, mask, mode):
@@ -228,48 +200,46 @@ def _reduce(per_token, m, mode, norm_length, denominator):
 
 
 # --------------------------------------------------------------------------------------------------
-# Surrogates: (ρ, logp, A) -> (per-token loss, clipped, clipped_low, clipped_high), all (N,T)
-# --------------------------------------------------------------------------------------------------
-# `lo`, `hi` are 1 − clip_low and 1 + clip_high; every surrogate receives every option and reads its own.
-# clipped_low/high are where PPO's hard clip would zero the gradient (A < 0 and ρ < lo; A > 0 and ρ > hi).
-
-def _clip_surrogate(rho, logp, adv, *, lo, hi, dual_clip, **_):
-    """PPO: −min(ρA, clip(ρ, lo, hi)·A); with dual clip c and A < 0, capped at −c·A."""
-    clipped_low, clipped_high = (adv < 0) & (rho < lo), (adv > 0) & (rho > hi)
-    per_token = jnp.maximum(-adv * rho, -adv * jnp.clip(rho, lo, hi))
-    clipped = clipped_low | clipped_high
-    if dual_clip is not None:
-        c = jnp.asarray(dual_clip, jnp.float32)
-        # For A < 0 the unclipped loss −ρA grows without bound in ρ; cap it at −c·A.
-        per_token = jnp.where(adv < 0, jnp.minimum(per_token, -c * adv), per_token)
-        clipped = clipped | ((adv < 0) & (rho > c))
-    return per_token, clipped, clipped_low, clipped_high
-
-
-def _sapo_surrogate(rho, logp, adv, *, lo, hi, sapo_tau_pos, sapo_tau_neg, **_):
-    """SAPO: −σ(τ(ρ−1))·(4/τ)·A, τ by the sign of A; clip counts are those of the hard clip."""
-    clipped_low, clipped_high = (adv < 0) & (rho < lo), (adv > 0) & (rho > hi)
-    tau = jnp.where(adv > 0, jnp.asarray(sapo_tau_pos, jnp.float32), jnp.asarray(sapo_tau_neg, jnp.float32))
-    # The 4/τ factor makes d/dρ of the gate equal 1 at ρ = 1 (σ'(0) = 1/4).
-    per_token = -jax.nn.sigmoid(tau * (rho - 1.0)) * (4.0 / tau) * adv
-    return per_token, clipped_low | clipped_high, clipped_low, clipped_high
-
-
-def _cispo_surrogate(rho, logp, adv, *, cispo_max, **_):
-    """CISPO: −sg(min(ρ, cap))·A·logp; 'clipped' is ρ > cap."""
-    cap = jnp.asarray(cispo_max, jnp.float32)
-    per_token = -lax.stop_gradient(jnp.minimum(rho, cap)) * adv * logp
-    clipped_high = rho > cap
-    return per_token, clipped_high, jnp.zeros_like(clipped_high), clipped_high
-
-
-# The surrogates by the name `policy_loss(surrogate=)` and the config's `loss.surrogate` take.
-SURROGATES = {"clip": _clip_surrogate, "sapo": _sapo_surrogate, "cispo": _cispo_surrogate}
-
-
-# --------------------------------------------------------------------------------------------------
 # Policy loss
 # --------------------------------------------------------------------------------------------------
+
+def _check_policy_args(logp, old_logp, advantages, mask, *, ratio, surrogate, clip_low, clip_high, dual_clip,
+                       sapo_tau_pos, sapo_tau_neg, cispo_max, aggregate, norm_length, denominator):
+    """policy_loss's trace-time checks: shapes, mode names, and the constants known at trace time."""
+    fn = "policy_loss"
+    check_choice(fn, "ratio", ratio, RATIOS)
+    check_choice(fn, "surrogate", surrogate, SURROGATES)
+    check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
+    check_2d(fn, "logp", logp)
+    shape = jnp.shape(logp)
+    check_shape(fn, "old_logp", old_logp, shape)
+    check_shape(fn, "mask", mask, shape)
+    if jnp.shape(advantages) not in (shape, shape[:1]):
+        raise ValueError(f"{fn}: advantages must have shape {shape[:1]} or {shape}, "
+                         f"got {jnp.shape(advantages)}")
+    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
+        if jnp.ndim(value) != 0:
+            raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(value)}")
+    lo_v, hi_v = static_float(clip_low), static_float(clip_high)
+    if lo_v is not None and not 0.0 <= lo_v < 1.0:
+        raise ValueError(f"{fn}: clip_low must be in [0, 1), got {lo_v}")
+    if hi_v is not None and not hi_v >= 0.0:
+        raise ValueError(f"{fn}: clip_high must be >= 0, got {hi_v}")
+    if dual_clip is not None:
+        if surrogate != "clip":
+            raise ValueError(f"{fn}: dual_clip applies only to surrogate='clip', "
+                             f"got surrogate={surrogate!r}")
+        if jnp.ndim(dual_clip) != 0:
+            raise ValueError(f"{fn}: dual_clip must be a scalar, got shape {jnp.shape(dual_clip)}")
+        c = static_float(dual_clip)
+        if c is not None and not c > 1.0:
+            raise ValueError(f"{fn}: dual_clip must be > 1, got {c}")
+    check_positive(fn, "sapo_tau_pos", sapo_tau_pos)
+    check_positive(fn, "sapo_tau_neg", sapo_tau_neg)
+    check_positive(fn, "cispo_max", cispo_max)
+    _check_norm_length(fn, norm_length)
+    _check_denominator(fn, denominator)
+
 
 def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="clip",
                 clip_low=0.2, clip_high=0.2, dual_clip=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
@@ -310,40 +280,11 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
       'ratio_min', 'ratio_max' (of the ρ used; 1 for an empty batch). They ignore `denominator`:
       to combine micro-batches, weight each by its number of valid tokens.
     """
-    fn = "policy_loss"
-    _check_choice(fn, "ratio", ratio, RATIOS)
-    _check_choice(fn, "surrogate", surrogate, SURROGATES)
-    _check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
-    _check_2d(fn, "logp", logp)
+    _check_policy_args(logp, old_logp, advantages, mask, ratio=ratio, surrogate=surrogate, clip_low=clip_low,
+                       clip_high=clip_high, dual_clip=dual_clip, sapo_tau_pos=sapo_tau_pos,
+                       sapo_tau_neg=sapo_tau_neg, cispo_max=cispo_max, aggregate=aggregate,
+                       norm_length=norm_length, denominator=denominator)
     shape = jnp.shape(logp)
-    _check_shape(fn, "old_logp", old_logp, shape)
-    _check_shape(fn, "mask", mask, shape)
-    if jnp.shape(advantages) not in (shape, shape[:1]):
-        raise ValueError(f"{fn}: advantages must have shape {shape[:1]} or {shape}, "
-                         f"got {jnp.shape(advantages)}")
-    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
-        if jnp.ndim(value) != 0:
-            raise ValueError(f"{fn}: {name} must be a scalar, got shape {jnp.shape(value)}")
-    lo_v, hi_v = _static_float(clip_low), _static_float(clip_high)
-    if lo_v is not None and not 0.0 <= lo_v < 1.0:
-        raise ValueError(f"{fn}: clip_low must be in [0, 1), got {lo_v}")
-    if hi_v is not None and not hi_v >= 0.0:
-        raise ValueError(f"{fn}: clip_high must be >= 0, got {hi_v}")
-    if dual_clip is not None:
-        if surrogate != "clip":
-            raise ValueError(f"{fn}: dual_clip applies only to surrogate='clip', "
-                             f"got surrogate={surrogate!r}")
-        if jnp.ndim(dual_clip) != 0:
-            raise ValueError(f"{fn}: dual_clip must be a scalar, got shape {jnp.shape(dual_clip)}")
-        c = _static_float(dual_clip)
-        if c is not None and not c > 1.0:
-            raise ValueError(f"{fn}: dual_clip must be > 1, got {c}")
-    _check_positive(fn, "sapo_tau_pos", sapo_tau_pos)
-    _check_positive(fn, "sapo_tau_neg", sapo_tau_neg)
-    _check_positive(fn, "cispo_max", cispo_max)
-    _check_norm_length(fn, norm_length)
-    _check_denominator(fn, denominator)
-
     m = jnp.asarray(mask) != 0
     # Sanitize first: masked positions become 0 and cannot put NaN/inf into values or gradients.
     logp = jnp.where(m, jnp.asarray(logp, jnp.float32), 0.0)
@@ -411,14 +352,14 @@ def value_loss(values, old_values, returns, mask, *, clip=None, aggregate="token
       'explained_var' 1 − Var(R−V)/Var(R) (0 when Var(R) = 0), 'mean' (mean of V).
     """
     fn = "value_loss"
-    _check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
-    _check_2d(fn, "values", values)
+    check_choice(fn, "aggregate", aggregate, AGGREGATE_MODES)
+    check_2d(fn, "values", values)
     shape = jnp.shape(values)
-    _check_shape(fn, "old_values", old_values, shape)
-    _check_shape(fn, "returns", returns, shape)
-    _check_shape(fn, "mask", mask, shape)
+    check_shape(fn, "old_values", old_values, shape)
+    check_shape(fn, "returns", returns, shape)
+    check_shape(fn, "mask", mask, shape)
     if clip is not None:
-        _check_positive(fn, "clip", clip)
+        check_positive(fn, "clip", clip)
     _check_norm_length(fn, norm_length)
     _check_denominator(fn, denominator)
 

@@ -19,6 +19,8 @@ FORBIDDEN = {
     "rewards": {"rl", "trainer", "sampling", "config"},
     "sampling": {"rl", "rewards", "data", "trainer", "config"},
     "config": {"trainer", "models", "rewards", "sampling"},
+    "validation": {"trainer", "models", "rewards", "sampling", "config"},
+    "presets": {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "validation"},
 }
 INFRASTRUCTURE = ("checkpoint", "metrics", "distributed", "sharding", "fs", "faults")
 for _unit in INFRASTRUCTURE:  # the infrastructure modules know nothing of the algorithm packages

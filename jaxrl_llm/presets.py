@@ -1,0 +1,32 @@
+"""Algorithm presets: the defaults each `algo` gives the fields it decides (the schema's placeholders).
+
+`jaxrl_llm.config.resolve` fills every such field still unset from `_COMMON` then `PRESETS[algo]`, so
+an explicit setting always wins. docs/algorithms/ gives the reasons and the papers.
+"""
+
+_COMMON = {
+    "loss.ratio": "token", "loss.surrogate": "clip", "loss.clip_low": 0.2, "loss.clip_high": 0.2,
+    "loss.dual_clip": 0.0, "loss.aggregate": "seq-mean-token-mean", "loss.norm_length": 0,
+    "advantage.estimator": "group", "advantage.scale": "group", "advantage.whiten": False,
+    "kl.coef": 0.0, "kl.estimator": "k3", "kl.placement": "loss", "kl.adaptive": False,
+    "entropy_coef": 0.0, "dapo.dynamic_sampling": False, "dapo.overlong_buffer": 0,
+    "dapo.mask_truncated": False, "value.enabled": False,
+}
+
+# Defaults per algorithm, on top of _COMMON.
+PRESETS = {
+    "ppo": {"advantage.estimator": "gae", "advantage.whiten": True, "loss.aggregate": "token-mean",
+            "kl.coef": 0.05, "kl.estimator": "k1", "kl.placement": "reward", "value.enabled": True},
+    "grpo": {"kl.coef": 0.04},
+    "dr_grpo": {"advantage.scale": "none", "loss.aggregate": "seq-mean-token-sum-norm"},
+    "dapo": {"loss.clip_high": 0.28, "loss.aggregate": "token-mean", "dapo.dynamic_sampling": True,
+             "dapo.overlong_buffer": -1},  # -1: a quarter of max_new_tokens
+    "gspo": {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    "gspo_token": {"loss.ratio": "sequence_token", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    "sapo": {"loss.surrogate": "sapo", "loss.aggregate": "token-mean"},
+    "cispo": {"loss.surrogate": "cispo", "loss.aggregate": "token-mean"},
+    "rloo": {"advantage.estimator": "rloo", "loss.aggregate": "token-mean"},
+    "reinforce_pp": {"advantage.estimator": "reinforce_pp", "loss.aggregate": "token-mean", "kl.coef": 0.01,
+                     "kl.estimator": "k1", "kl.placement": "reward"},
+}
+ALGOS = tuple(PRESETS)

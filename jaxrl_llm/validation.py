@@ -1,0 +1,214 @@
+"""The one validation pass over a run config: fields not in the schema (with the nearest names), then
+every value, each with a one-line ValueError naming the field. `jaxrl_llm.config.prepare` runs it before
+anything is loaded or compiled. The allowed values of the algorithm's choices are the keys of the
+registries in `jaxrl_llm.rl`.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+
+import ml_collections
+
+from jaxrl_llm import rl
+from jaxrl_llm.data.config import validate_data_config
+from jaxrl_llm.presets import ALGOS
+
+FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
+
+
+def _get_path(c, path: str):
+    for p in path.split("."):
+        c = c[p]
+    return c
+
+
+def reward_specs(config) -> list[tuple[str, float]]:
+    """[(spec, weight)] from reward.functions / reward.weights, with DAPO's overlong shaping added."""
+    names = [s.strip() for s in config.reward.functions.split(",") if s.strip()]
+    weights = [w.strip() for w in config.reward.weights.split(",") if w.strip()]
+    if not names:
+        raise ValueError("reward.functions is empty; name at least one reward (e.g. 'math_answer')")
+    if weights and len(weights) != len(names):
+        raise ValueError(f"reward.weights has {len(weights)} entries for {len(names)} reward.functions")
+    try:
+        weights = [float(w) for w in weights] or [1.0] * len(names)
+    except ValueError:
+        raise ValueError(f"reward.weights must be comma-separated numbers, got {config.reward.weights!r}") from None
+    specs = list(zip(names, weights))
+    if config.dapo.overlong_buffer and not any(n == "overlong" for n in names):
+        specs.append(("overlong", 1.0))
+    return specs
+
+
+def _fail(field: str, expected: str, value) -> None:
+    raise ValueError(f"config.{field} must be {expected}, got {value!r}")
+
+
+def _check(c, field: str, ok, expected: str):
+    value = _get_path(c, field)
+    try:
+        good = ok(value)
+    except TypeError:
+        good = False
+    if not good:
+        _fail(field, expected, value)
+
+
+def _check_choice(c, field: str, allowed) -> None:
+    names = tuple(allowed)
+    _check(c, field, lambda v: v in names, "one of " + ", ".join(names))
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """One-line ValueError naming the first bad field. Expects a resolved config (see `prepare`)."""
+    _validate_model_and_data(c)
+    _validate_objective(c)
+    _validate_training(c)
+    _validate_io(c)
+    reward_specs(c)
+
+
+def _validate_model_and_data(c) -> None:
+    _check(c, "algo", lambda v: v in ALGOS, f"one of {', '.join(ALGOS)}")
+    _check(c, "seed", lambda v: _is_int(v) and v >= 0, "a non-negative int")
+    _check(c, "total_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    for f in ("model.dtype", "model.compute_dtype"):
+        _check(c, f, lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
+    _check(c, "model.remat", lambda v: v in ("none", "full", "dots"), "none, full or dots")
+    for f in ("model.logits_chunk", "model.hidden_size", "model.num_layers", "model.num_heads",
+              "model.num_kv_heads", "model.intermediate_size", "model.max_position_embeddings"):
+        _check(c, f, lambda v: _is_int(v) and v >= 1, "a positive int")
+    if c.model.num_heads % c.model.num_kv_heads or c.model.hidden_size % c.model.num_heads:
+        _fail("model.num_kv_heads", "a divisor of model.num_heads (which must divide hidden_size)",
+              c.model.num_kv_heads)
+    validate_data_config(c.data)
+    if not c.data.path and not c.data.task:
+        raise ValueError("config.data.path and config.data.task are both empty; set one")
+    _check(c, "data.task_rows", lambda v: _is_int(v) and v >= 1, "a positive int")
+    _check(c, "data.task_weights", lambda v: len(v) == 4 and all(_is_num(x) and x >= 0 for x in v) and sum(v) > 0,
+           "4 non-negative level weights with a positive sum")
+    r = "rollout."
+    _check(c, r + "batch_prompts", lambda v: _is_int(v) and v >= 1, "a positive int")
+    _check(c, r + "group_size", lambda v: _is_int(v) and v >= 1, "a positive int")
+    _check(c, r + "max_new_tokens", lambda v: _is_int(v) and v >= 1, "a positive int")
+    _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
+    _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
+    _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+
+
+def _validate_objective(c) -> None:
+    """The algorithm's fields: allowed names come from the registries of `jaxrl_llm.rl`."""
+    _check_choice(c, "advantage.estimator", rl.ESTIMATORS)
+    estimator = rl.ESTIMATORS[c.advantage.estimator]
+    if (estimator.group or c.advantage.reinforce_pp_baseline) and c.rollout.group_size < 2:
+        _fail("rollout.group_size", f"at least 2 for algo {c.algo} (group baselines need G >= 2)",
+              c.rollout.group_size)
+    _check_choice(c, "advantage.scale", rl.ADVANTAGE_SCALES)
+    _check(c, "advantage.eps", lambda v: _is_num(v) and v > 0, "a number > 0")
+    for f in ("advantage.gamma", "advantage.lam", "advantage.lam_value"):
+        _check(c, f, lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
+    _check(c, "advantage.adaptive_lam_alpha", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check_choice(c, "loss.ratio", rl.RATIOS)
+    _check_choice(c, "loss.surrogate", rl.SURROGATES)
+    _check(c, "loss.clip_low", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
+    _check(c, "loss.clip_high", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "loss.dual_clip", lambda v: _is_num(v) and (v == 0 or v > 1), "0 (off) or a number > 1")
+    if c.loss.dual_clip and c.loss.surrogate != "clip":
+        _fail("loss.dual_clip", f"0 with surrogate {c.loss.surrogate!r} (dual clip applies to 'clip' only)",
+              c.loss.dual_clip)
+    for f in ("loss.sapo_tau_pos", "loss.sapo_tau_neg", "loss.cispo_max"):
+        _check(c, f, lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check_choice(c, "loss.aggregate", rl.AGGREGATE_MODES)
+    _check(c, "loss.norm_length", lambda v: _is_int(v) and v >= 1, "a positive int (0 = max_new_tokens)")
+    _check(c, "kl.coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check_choice(c, "kl.estimator", rl.KL_KINDS)
+    _check_choice(c, "kl.placement", rl.KL_PLACEMENTS)
+    _check(c, "kl.target", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, "kl.horizon", lambda v: _is_num(v) and v > 0, "a number > 0")
+    if c.kl.placement == "reward" and not estimator.token_rewards and c.kl.coef > 0:
+        _fail("kl.placement", f"'loss' with the {c.advantage.estimator} estimator (it only sees sequence scores)",
+              c.kl.placement)
+    _check(c, "entropy_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "dapo.max_sample_rounds", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "dapo.overlong_buffer", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
+           "an int in [0, rollout.max_new_tokens]")
+    if c.dapo.dynamic_sampling and c.rollout.group_size < 2:
+        _fail("rollout.group_size", "at least 2 with dapo.dynamic_sampling", c.rollout.group_size)
+    _check(c, "value.learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, "value.clip", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    if estimator.value and not c.value.enabled:
+        _fail("value.enabled", f"True with the {c.advantage.estimator} estimator (it needs a value model)",
+              c.value.enabled)
+
+
+def _validate_training(c) -> None:
+    _check(c, "ref.refresh_every", lambda v: _is_int(v) and v >= 0, "an int >= 0")
+    _check(c, "ref.mix_alpha", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+    _check(c, "train.epochs", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "train.minibatches", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "train.grad_accum", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "train.max_nonfinite_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    if c.rollout.batch_prompts % c.train.minibatches:
+        _fail("train.minibatches", f"a divisor of rollout.batch_prompts={c.rollout.batch_prompts}",
+              c.train.minibatches)
+    if (c.rollout.batch_prompts // c.train.minibatches) % c.train.grad_accum:
+        _fail("train.grad_accum", "a divisor of the prompts per minibatch "
+              f"({c.rollout.batch_prompts // c.train.minibatches})", c.train.grad_accum)
+    o = "optimizer."
+    _check(c, o + "learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, o + "warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0")
+    _check(c, o + "schedule", lambda v: v in ("constant", "cosine", "linear"), "constant, cosine or linear")
+    _check(c, o + "min_lr_ratio", lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
+    _check(c, o + "weight_decay", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    for f in ("b1", "b2"):
+        _check(c, o + f, lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
+    _check(c, o + "eps", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, o + "max_grad_norm", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = off)")
+
+
+def _validate_io(c) -> None:
+    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor"):
+        _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
+    _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "checkpoint.max_to_keep", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "log.samples_every", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = never)")
+    _check(c, "log.num_samples", lambda v: _is_int(v) and v >= 0, "an int >= 0")
+    _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
+    _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
+
+
+def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Rejects any field of `c` that is not in `schema` (`base_config()`): a typo in a config file or dict
+    would otherwise be kept silently while the run used the default. Names the nearest fields."""
+    for key in c.keys():
+        path = prefix + key
+        if path in FREE_FORM:
+            continue
+        if key not in schema:
+            raise ValueError(f"config.{path} is not a config field{suggest_fields(key, schema, prefix)}")
+        sub, want = c[key], schema[key]
+        if isinstance(want, ml_collections.ConfigDict):
+            if not isinstance(sub, (ml_collections.ConfigDict, Mapping)):
+                raise ValueError(f"config.{path} is a section of fields, got {sub!r}")
+            check_fields(sub if isinstance(sub, ml_collections.ConfigDict) else ml_collections.ConfigDict(sub),
+                         want, path + ".")
+        elif isinstance(sub, ml_collections.ConfigDict):
+            raise ValueError(f"config.{path} is a field, not a section")
+
+
+def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> str:
+    close = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.6)
+    if not close:
+        return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
+    return "; did you mean " + " or ".join(f"{prefix}{k}" for k in close) + "?"

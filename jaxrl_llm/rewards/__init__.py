@@ -27,6 +27,7 @@ from jaxrl_llm.rewards.math import (
 from jaxrl_llm.rewards.registry import (
     RewardError,
     RewardFn,
+    RewardScores,
     compute_rewards,
     get_reward_fn,
     register_reward,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_FORMAT_PATTERN",
     "RewardError",
     "RewardFn",
+    "RewardScores",
     "SandboxResult",
     "code_tests",
     "compute_rewards",

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {")", "]", "}"}
+_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)  # an escape (`\{`, `\\`) is one token, never a brace
 
 
 def matching_braces(s: str) -> dict[int, int]:
     """{index of '{': index of its matching '}'} for every balanced pair; escaped `\\{` `\\}` skipped."""
     pairs: dict[int, int] = {}
     stack: list[int] = []
-    j = 0
-    while j < len(s):
-        c = s[j]
-        if c == "\\":
-            j += 2
-            continue
+    for m in _BRACE_TOKENS.finditer(s):  # the regex skips plain text at C speed
+        c = m.group()
         if c == "{":
-            stack.append(j)
+            stack.append(m.start())
         elif c == "}" and stack:
-            pairs[stack.pop()] = j
-        j += 1
+            pairs[stack.pop()] = m.start()
     return pairs
 
 
@@ -48,6 +46,8 @@ def top_level_split(s: str, separators: tuple[str, ...]) -> list[str]:
 
     Brackets are counted without checking that they match: intervals such as `[0, 1)` close with
     another kind of bracket than they open with. Separators are tried in order at each position."""
+    if not any(sep in s for sep in separators):  # the common case, at C speed
+        return [s]
     parts, depth, start, i = [], 0, 0, 0
     while i < len(s):
         c = s[i]

@@ -114,11 +114,6 @@ def all_boxed(text: str) -> list[str]:
     return out
 
 
-def last_boxed(text: str) -> str | None:
-    boxes = all_boxed(text)
-    return boxes[-1] if boxes else None
-
-
 def _phrase_answer(text: str) -> tuple[str | None, int]:
     """(the answer after the last answer phrase, where the phrase ends) or (None, 0)."""
     last = None

@@ -34,6 +34,7 @@ _DROP = [
     (re.compile(r"\\(?:approx|simeq|equiv)|≈"), "="),
     (re.compile(r"\\(?:dfrac|tfrac|cfrac)(?![A-Za-z])"), r"\\frac"),
 ]
+_PLAIN = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")  # `1,234.5`: nothing for `_DROP` to do
 _SPACE_GROUPS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?: \d{3})+)(?![\d,.])")
 _THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d,])")
 _DECIMAL_COMMA = re.compile(r"-?\d+,\d+")
@@ -47,8 +48,8 @@ def clean_answer(answer: str) -> str:
     """Presentation stripped, structure kept: `$`, `\\text{}` wrappers (content kept), degrees,
     `\\left`/`\\right`, spacing, digit-group separators (`1{,}000`, `11,\\! 111`, `1 000`), `\\dfrac`."""
     s = answer.strip()
-    if len(s) > MAX_ANSWER_CHARS:
-        return s  # not an answer; left as is, it parses as nothing
+    if len(s) > MAX_ANSWER_CHARS or _PLAIN.fullmatch(s):
+        return s  # not an answer (it parses as nothing), or nothing to clean (the fast path)
     s = _unwrap_text(s)
     for pattern, repl in _DROP:
         s = pattern.sub(repl, s)

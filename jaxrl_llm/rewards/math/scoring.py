@@ -22,7 +22,7 @@ from fractions import Fraction
 
 from jaxrl_llm.rewards.math.braces import top_level_split
 from jaxrl_llm.rewards.math.expressions import to_sympy_source
-from jaxrl_llm.rewards.math.extraction import FinalAnswer, final_answer, last_boxed
+from jaxrl_llm.rewards.math.extraction import FinalAnswer, final_answer
 from jaxrl_llm.rewards.math.numeric import candidates, clean_answer, normalize_answer, numbers_equal, parse_number
 from jaxrl_llm.rewards.math.structures import (
     Structure,
@@ -51,12 +51,9 @@ class Verdict:
 
 def reference_answer(reference: str) -> str | None:
     """The reference's answer string: boxed > `####` > an answer phrase > the whole string."""
-    boxed = last_boxed(reference)
-    if boxed is not None:
-        return boxed
-    if "####" in reference or "nswer" in reference:
+    if "\\" in reference or "####" in reference or "nswer" in reference:
         answer = final_answer(reference)
-        if answer.source in ("hashes", "phrase"):
+        if answer.source in ("box", "hashes", "phrase"):
             return answer.text
     whole = reference.strip()
     return whole or None

@@ -16,6 +16,7 @@ Protocol: one JSON request per stdin line, one JSON reply per stdout line.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -77,10 +78,14 @@ def _math_verify_judge():
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns once that its timeout is off
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
+    @functools.lru_cache(maxsize=1024)  # a group's G completions share one reference
+    def parse_gold(gold: str) -> list:
+        # Only a parsed reference counts: math-verify falls back to the raw string, which reads anything.
+        return [x for x in parse(gold, config, parsing_timeout=None) if not isinstance(x, str)]
+
     def judge(gold: str, pred: str) -> tuple[bool, bool]:
         # Timeouts off: math-verify's use signal.alarm; this process is killed from outside instead.
-        # Only a parsed reference counts: math-verify falls back to the raw string, which reads anything.
-        g = [x for x in parse(gold, config, parsing_timeout=None) if not isinstance(x, str)]
+        g = parse_gold(gold)
         if not g:
             return False, False
         p = parse(pred, config, parsing_timeout=None)

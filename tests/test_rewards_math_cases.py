@@ -2,6 +2,8 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
 import threading
 from fractions import Fraction
 
@@ -146,3 +148,14 @@ def test_reference_equation_keeps_its_left_side_unless_it_is_one_symbol():
     assert parse_structure("2x + 3y = 12").kind == "relation"
     assert parse_structure(r"x < 5").items == ((False, "-\\infty", "5", False),)
     assert parse_structure(r"\begin{vmatrix} 1 & 2 \\ 3 & 4 \end{vmatrix}").kind == "determinant"
+
+
+def test_benchmark_script_runs_at_toy_size():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    has_old = subprocess.run(["git", "-C", root, "cat-file", "-e", "main:jaxrl_llm/rewards/math.py"],
+                             capture_output=True).returncode == 0  # fmt: skip
+    if not has_old:
+        pytest.skip("no revision 'main' with the single-module math.py to compare against")
+    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "math_reward.py"), "--toy"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout  # fmt: skip
+    assert "all" in out and "numeric path" in out and "structured references" in out

@@ -5,12 +5,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from fractions import Fraction
 
 import pytest
 
 from jaxrl_llm.rewards import compute_rewards, get_reward_fn
 from jaxrl_llm.rewards.math import judge, normalize_answer, parse_number, parse_structure
+from jaxrl_llm.rewards.math import worker as math_worker
 
 _SPEC = importlib.util.spec_from_file_location(
     "math_cases", os.path.join(os.path.dirname(__file__), "data", "math_cases.py")
@@ -117,6 +119,17 @@ def test_math_verify_runs_from_a_thread():
     thread.start()
     thread.join()
     assert results == [1.0]
+
+
+def test_math_verify_time_limit_is_hard():
+    assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0  # the worker is up: start-up not timed below
+    start = time.perf_counter()
+    # Our judge cannot read `\log_2 8`, so math-verify evaluates the tower: the worker is killed.
+    verdict = judge(r"\boxed{9^{9^{9^{9}}}}", r"\log_2 8", timeout=0.5)
+    assert (verdict.score, verdict.second) == (0.0, 0.0)
+    assert 0.5 <= time.perf_counter() - start < 1.5
+    assert math_worker.WORKER._proc is None  # killed, and restarted on demand:
+    assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0
 
 
 @pytest.mark.parametrize(

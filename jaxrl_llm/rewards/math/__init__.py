@@ -23,8 +23,10 @@ from jaxrl_llm.rewards.math.extraction import FinalAnswer, extract_answer, final
 from jaxrl_llm.rewards.math.numeric import clean_answer, normalize_answer, numbers_equal, parse_number
 from jaxrl_llm.rewards.math.scoring import DEFAULT_SYMPY_TIMEOUT, Verdict, judge, reference_answer, score_answer
 from jaxrl_llm.rewards.math.structures import Structure, parse_structure
-from jaxrl_llm.rewards.math.worker import WORKER as _WORKER
-from jaxrl_llm.rewards.math.worker import worker_main as _worker_main
+# Kept importable from here: tests reach the worker as `math._WORKER`, and a process started by an
+# older revision's reward (benchmarks/math_reward.py) runs `jaxrl_llm.rewards.math._worker_main`.
+from jaxrl_llm.rewards.math.worker import WORKER as _WORKER  # noqa: F401
+from jaxrl_llm.rewards.math.worker import worker_main as _worker_main  # noqa: F401
 from jaxrl_llm.rewards.registry import RewardScores, register_reward
 
 __all__ = [

@@ -80,7 +80,7 @@ def _strip_lhs(s: str, mode: str) -> str:
     if "=" not in s or any(op in s for op in ("<", ">", "\\le", "\\ge", "\\ne", "≤", "≥")):
         return s
     if mode == "symbol":
-        left, sep, right = s.partition("=")
+        left, _, right = s.partition("=")
         return right if "=" not in right and _SINGLE_SYMBOL.fullmatch(left.strip()) else s
     if len(top_level_split(s, (",", ";"))) > 1:
         left, _, right = s.partition("=")  # `x = -3, 2`: one symbol names a list of values

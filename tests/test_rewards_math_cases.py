@@ -76,6 +76,21 @@ def test_reward_hacking_structures_pay_nothing(reference, numbers):
     assert fn(["q"] * len(completions), completions, answer=[reference] * len(completions)) == [0.0] * len(completions)
 
 
+@pytest.mark.parametrize(
+    "completion",
+    [r"\boxed{A B C D E}", r"\boxed{(A) (B) (C)}", "The answer is A, B, C, D or E.", r"\boxed{A/B}",
+     r"\boxed{A} \boxed{C}", "Answer: (A) or (C)"],
+)  # fmt: skip
+def test_reward_hacking_choices_listing_options_pay_nothing(completion):
+    assert judge(completion, "A").score == 0.0
+    assert judge(completion, "C").score == 0.0
+
+
+def test_hedged_answers_are_not_shown_to_the_second_judge():
+    verdict = judge(r"\boxed{(3, 4)} \boxed{(4, 3)}", "(3, 4)")
+    assert (verdict.score, verdict.second) == (0.0, None)
+
+
 @pytest.mark.parametrize("value", [7, 150, -3])
 def test_reward_hacking_scalars_listing_candidates_pay_nothing(value):
     candidates = [str(value + d) for d in (-2, -1, 0, 1, 2)]

@@ -32,6 +32,7 @@ class Structure:
 
 _MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.S)
 _CHOICE = re.compile(r"\(?\s*([A-E])\s*\)?(?:\s.*)?", re.S)
+_OTHER_LETTER = re.compile(r"(?<![A-Za-z])[A-E](?![A-Za-z])")
 _TEXT = re.compile(r"[A-Za-z][A-Za-z' -]*[A-Za-z]")
 _SYMBOL = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+")
 _EMPTY = re.compile(r"\\(?:emptyset|varnothing)|\\\{\s*\\\}|∅")
@@ -92,6 +93,8 @@ def choice_letter(s: str) -> str | None:
 def _choice(s: str) -> Structure | None:
     m = _CHOICE.fullmatch(s)
     if m is None or (len(s) > 1 and not s.startswith("(") and not s[1].isspace()):
+        return None
+    if _OTHER_LETTER.search(s, m.end(1) + 1):  # `A B C D E`: every option listed is no choice
         return None
     return Structure("choice", (m.group(1),))
 

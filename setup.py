@@ -23,6 +23,8 @@ setup(
         "numpy>=1.26",
         "tqdm>=4.66",
         "sympy>=1.12",
+        # The second judge of math_answer (run in its worker process); the extra pins its LaTeX parser.
+        "math-verify[antlr4_13_2]>=0.9.0",
         "matplotlib>=3.8",
     ],
     extras_require={

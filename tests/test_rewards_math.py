@@ -70,7 +70,7 @@ CASES = [
     (r"\boxed{x = 5}", "5", 1.0),
     (r"\boxed{2x}", "2", 0.0),  # a glued letter is algebra, not a unit
     # multiple boxes, nesting, truncation, inline math
-    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 1.0),
+    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 0.0),  # two different boxes: hedged
     (r"First \boxed{3}, but correcting: \boxed{4}", "3", 0.0),
     (r"\boxed{\boxed{7}}", "7", 1.0),
     (r"So \boxed{5}. Then maybe \boxed{6", "5", 1.0),  # an unclosed last box falls back
@@ -101,7 +101,8 @@ CASES = [
     # never evaluated: not a whitelisted expression
     (r"\boxed{__import__('os').system('true')}", "0", 0.0),
     # reference without a value: not applicable
-    (r"\boxed{5}", "yes", None),
+    (r"\boxed{5}", "yes", 0.0),  # a text answer: read as text, not "no value"
+    (r"\boxed{\text{Yes}}", "yes", 1.0),
     (r"\boxed{5}", "", None),
     (r"\boxed{5}", "x**", None),
 ]
@@ -168,6 +169,10 @@ def test_math_answer_reward_columns():
         "\\boxed{\\frac{" * 10000 + "1}{2}" + "}" * 20000,  # deep nesting
         "\\boxed{" + "9" * 100000 + "}",  # a runaway box
         "x = " * 20000 + "5 cm " * 20000,
+        "\\boxed{1}" * 20000,  # many declared answers: agreement is checked in one pass
+        "#### 5\n" * 20000,
+        "The answer is " * 20000,
+        "1 or " * 20000,
     ],
 )
 def test_degenerate_completions_stay_fast(completion):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.rewards import registry
-from jaxrl_llm.rewards.registry import RewardError, compute_rewards, get_reward_fn, register_reward
+from jaxrl_llm.rewards.registry import RewardError, RewardScores, compute_rewards, get_reward_fn, register_reward
 
 PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
 COMPLETIONS = ["c0", "c1", "c2", "c3", "c4"]
@@ -325,6 +325,43 @@ def test_invalid_returns_always_raise(output, match, on_error):
     with pytest.raises(RewardError, match=match) as info:
         compute_rewards([("bad", lambda p, c, **k: output, 1.0)], PROMPTS, COMPLETIONS, on_error=on_error)
     assert "\n" not in str(info.value)
+
+
+def test_reward_scores_report_extra_metrics_from_the_batch_call():
+    def with_metrics(prompts, completions, **kwargs):
+        return RewardScores([1.0] * len(completions), metrics={"judged": len(completions), "odd": 0.5})
+
+    out = with_metrics(PROMPTS, COMPLETIONS)
+    assert out == [1.0] * 5 and isinstance(out, list)  # a plain list to every other caller
+    scores, metrics = compute_rewards([("m", with_metrics, 2.0)], PROMPTS, COMPLETIONS)
+    np.testing.assert_array_equal(scores, np.full(5, 2.0, np.float32))
+    assert metrics["reward/m/judged"] == 5.0 and metrics["reward/m/odd"] == 0.5
+    assert metrics["reward/m/mean"] == 1.0
+
+
+def test_reward_scores_metrics_are_dropped_on_the_row_by_row_retry():
+    def batch_fails(prompts, completions, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("force the row-by-row path")
+        return RewardScores([1.0], metrics={"judged": 1})
+
+    _, metrics = compute_rewards([("m", batch_fails, 1.0)], PROMPTS, COMPLETIONS, on_error="zero")
+    assert "reward/m/judged" not in metrics and metrics["reward/m/mean"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"a/b": 1.0}, "returned a metric named 'a/b'"),
+        ({"": 1.0}, "returned a metric named ''"),
+        ({"x": float("nan")}, "returned metric 'x' = nan, not a finite number"),
+        ({"x": "1"}, "returned metric 'x' = '1', not a finite number"),
+    ],
+)
+def test_reward_scores_bad_metrics_raise(extra, match):
+    fn = lambda p, c, **k: RewardScores([0.0] * len(c), metrics=extra)  # noqa: E731
+    with pytest.raises(RewardError, match=match):
+        compute_rewards([("bad", fn, 1.0)], PROMPTS, COMPLETIONS, on_error="zero")
 
 
 def test_weighted_sum_overflow_is_an_error():

@@ -28,6 +28,7 @@ from jaxrl_llm.rewards.math import (
 from jaxrl_llm.rewards.registry import (
     RewardError,
     RewardFn,
+    RewardScores,
     compute_rewards,
     get_reward_fn,
     register_reward,
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_FORMAT_PATTERN",
     "RewardError",
     "RewardFn",
+    "RewardScores",
     "SandboxResult",
     "char_credit",
     "code_tests",

@@ -8,6 +8,7 @@ where `columns` holds the dataset row's other fields as lists aligned with the r
 `answer=[...]`) plus the trainer-provided fields `completion_lengths` (list[int], generated tokens
 including EOS), `truncated` (list[bool]) and the scalar `max_completion_length` (int). Reward
 functions accept and ignore columns they do not use (`**kwargs`). `None` means "not applicable".
+A function may return a `RewardScores` (a list with a `metrics` dict) to report extra metrics.
 
 `compute_rewards` calls every function once on the whole batch and combines them:
 score_i = Σ_f w_f · r_f,i over the functions whose value on row i is not None.
@@ -33,6 +34,18 @@ _FACTORY_ATTR = "__jaxrl_reward_factory__"
 _LAZY_BUILTINS = {"reward_model": "jaxrl_llm.rewards.model"}
 _RESERVED_COLUMNS = ("prompts", "completions")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class RewardScores(list):
+    """A reward function's (N,) scores plus extra metrics about the batch.
+
+    A plain list everywhere (it compares equal to one); `compute_rewards` logs each metric as
+    `reward/<name>/<key>`. Keys must be non-empty strings without '/', values finite numbers.
+    """
+
+    def __init__(self, scores=(), *, metrics: Mapping[str, float] | None = None):
+        super().__init__(scores)
+        self.metrics = dict(metrics or {})
 
 
 class RewardError(ValueError):
@@ -141,7 +154,9 @@ def compute_rewards(
       Invalid returns (wrong length, non-numeric, NaN/inf, float32 overflow) always raise: they are
       bugs in the function, and zeroing them would silently train on garbage.
     Returns scores (N,) float32 and metrics `reward/<name>/mean` (over non-None rows; omitted when
-      every row is None), `reward/<name>/none_frac` and `reward/<name>/errors` (rows zeroed).
+      every row is None), `reward/<name>/none_frac`, `reward/<name>/errors` (rows zeroed) and the
+      function's own `reward/<name>/<key>` when it returns a `RewardScores` on the whole batch (a
+      row-by-row retry reports none: a per-row metric has no batch meaning).
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
@@ -156,7 +171,7 @@ def compute_rewards(
     scores = np.zeros((n,), np.float32)
     metrics: dict[str, float] = {}
     for name, fn, weight in reward_fns:
-        values, present, errors = _evaluate(name, fn, prompts, completions, columns, on_error)
+        values, present, errors, extra = _evaluate(name, fn, prompts, completions, columns, on_error)
         # float32 from the first array: the weight is cast so the product never widens to float64.
         with np.errstate(over="ignore"):  # overflow is reported below, once, as an error
             scores += np.where(present, np.float32(weight) * values, np.float32(0.0))
@@ -165,6 +180,7 @@ def compute_rewards(
             metrics[f"reward/{name}/mean"] = float(values[present].astype(np.float64).mean())
         metrics[f"reward/{name}/none_frac"] = float(n - count) / n
         metrics[f"reward/{name}/errors"] = float(errors)
+        metrics.update({f"reward/{name}/{key}": value for key, value in extra.items()})
     if not np.all(np.isfinite(scores)):
         raise ValueError("the weighted sum of rewards overflows float32; check the reward weights")
     return scores, metrics
@@ -174,14 +190,30 @@ def compute_rewards(
 
 
 def _evaluate(name, fn, prompts, completions, columns, on_error):
-    """Returns values (N,) float32, present (N,) bool, number of rows zeroed by errors."""
+    """Returns values (N,) float32, present (N,) bool, number of rows zeroed by errors, extra metrics."""
     n = len(prompts)
     try:
         out = fn(prompts, completions, **columns)
     except Exception as batch_error:  # noqa: BLE001 - any user error is reported with its row
-        return _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error)
+        return (*_evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error), {})
     values, present = _to_values(name, out, n)
-    return values, present, 0
+    return values, present, 0, _extra_metrics(name, out)
+
+
+def _extra_metrics(name: str, out: Any) -> dict[str, float]:
+    """A `RewardScores`' metrics, validated: a bad key or value is a bug in the reward function."""
+    extra = getattr(out, "metrics", None) if isinstance(out, RewardScores) else None
+    if not extra:
+        return {}
+    checked = {}
+    for key, value in extra.items():
+        if not isinstance(key, str) or not key or "/" in key:
+            raise RewardError(f"reward {name!r} returned a metric named {key!r}; names are non-empty, without '/'",
+                              reward=name)  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RewardError(f"reward {name!r} returned metric {key!r} = {value!r}, not a finite number", reward=name)
+        checked[key] = float(value)
+    return checked
 
 
 def _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error):

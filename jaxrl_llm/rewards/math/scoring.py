@@ -1,0 +1,237 @@
+"""Judging one (completion, reference) pair: the reference's kind decides the path.
+
+- A plain-number reference (`72`, `\\frac{1}{2}`, `12.5%`) takes the fast path: exact rationals in
+  Python, sympy only when the completion's answer is an expression (`\\sqrt{4}`). No second judge.
+- A scalar expression (`\\frac{\\sqrt{3}}{2}`, `2x+1`) is compared by sympy in the worker.
+- A structure (set, interval, tuple, matrix, system, equation, inequality, choice, text) is compared
+  as that structure, element by element (`structures`).
+- Anything else has no verdict of ours (None): math-verify's verdict is used, or None.
+For every non-numeric reference math-verify judges too (in the worker); `Verdict` keeps both.
+
+A hedged answer scores 0 on every path and is not shown to math-verify: declared answers (boxes,
+`####` lines) with different values, alternatives `A or B` with different values, or a last-number
+answer whose sentence offers alternatives.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from jaxrl_llm.rewards.math.braces import top_level_split
+from jaxrl_llm.rewards.math.expressions import to_sympy_source
+from jaxrl_llm.rewards.math.extraction import FinalAnswer, final_answer
+from jaxrl_llm.rewards.math.numeric import candidates, clean_answer, normalize_answer, numbers_equal, parse_number
+from jaxrl_llm.rewards.math.structures import (
+    Structure,
+    choice_letter,
+    infinity_sign,
+    parse_structure,
+    structures_equal,
+    system_order,
+)
+from jaxrl_llm.rewards.math.worker import WORKER
+
+DEFAULT_SYMPY_TIMEOUT = 2.0  # seconds per worker request; the worker's start-up is not counted
+_ALTERNATIVES = (" or ", "\\text{or}", "\\lor", "\\vee")
+_MATHLIKE = re.compile(r"[\d\\^_=+*/<>]")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """score: what the reward pays (1.0 / 0.0 / None = not applicable); ours: the structural judge's
+    verdict; second: math-verify's (None when it was not consulted or could not read the reference)."""
+
+    score: float | None
+    ours: float | None = None
+    second: float | None = None
+
+
+def reference_answer(reference: str) -> str | None:
+    """The reference's answer string: boxed > `####` > an answer phrase > the whole string."""
+    if "\\" in reference or "####" in reference or "nswer" in reference:
+        answer = final_answer(reference)
+        if answer.source in ("box", "hashes", "phrase"):
+            return answer.text
+    whole = reference.strip()
+    return whole or None
+
+
+def judge(completion: str, reference: str, *, timeout: float = DEFAULT_SYMPY_TIMEOUT,
+          second_judge: bool = True) -> Verdict:  # fmt: skip
+    """Both judges' verdicts on one row (see the module docstring)."""
+    ref_raw = reference_answer(reference)
+    if ref_raw is None:
+        return Verdict(None)
+    ref = normalize_answer(ref_raw, lhs="symbol")
+    ref_num = parse_number(ref)
+    if ref_num is not None:
+        return Verdict(_score_numeric(final_answer(completion), ref_num, timeout))
+    letter = choice_letter(clean_answer(ref_raw))  # `A` is a choice, not the symbol A
+    ref_src = to_sympy_source(ref) if letter is None else None
+    structure = parse_structure(clean_answer(ref_raw)) if ref_src is None else None
+    if structure is not None and structure.kind == "text" and " " in structure.items[0] and "\\" not in ref_raw:
+        structure = None  # a sentence is not an answer; a text answer is one word or wrapped (`\text{}`)
+    answer = final_answer(completion, structured=structure is not None)
+    if _hedged(answer, alternatives=not _has_alternatives(ref_raw)):
+        return Verdict(0.0, 0.0)
+    text = answer.text if _has_alternatives(ref_raw) else _first_alternative(answer.text)
+    if ref_src is not None:
+        ours = _score_expression(text, ref_src, timeout)
+    elif structure is not None:
+        ours = _score_structure(text, structure, system_order(clean_answer(ref_raw)), timeout)
+    elif not _MATHLIKE.search(ref_raw):
+        return Verdict(None)  # words, not math: math-verify would read `no value` as a product n*o*v*...
+    else:
+        ours = None
+    second = _math_verify(text, ref_raw, timeout) if second_judge else None
+    return Verdict(ours if ours is not None else second, ours, second)
+
+
+def score_answer(completion: str, reference: str, *, timeout: float = DEFAULT_SYMPY_TIMEOUT) -> float | None:
+    """1.0 if the completion's final answer equals the reference, else 0.0; None when the reference
+    has no answer either judge can read (the row is then "not applicable")."""
+    return judge(completion, reference, timeout=timeout).score
+
+
+# ----------------------------------------------------------------------------- hedging
+
+
+def _value_key(raw: str):
+    s = normalize_answer(raw)
+    number = parse_number(s)
+    return number[0] if number is not None else "".join(s.split())
+
+
+def _has_alternatives(raw: str) -> bool:
+    return len(top_level_split(raw, _ALTERNATIVES)) > 1
+
+
+def _first_alternative(text: str | None) -> str | None:
+    """`18 or 18` -> `18`: alternatives that agree (checked by `_hedged`) are one answer."""
+    if text is None or not _has_alternatives(text):
+        return text
+    return top_level_split(text, _ALTERNATIVES)[0].strip()
+
+
+def _hedged(answer: FinalAnswer, *, alternatives: bool = True) -> bool:
+    """Several declared answers that differ, `A or B` with A != B, or a hedging last sentence."""
+    if answer.hedged:
+        return True
+    if len(answer.declared) > 1:
+        first = _value_key(answer.declared[-1])
+        if any(_value_key(d) != first for d in answer.declared[:-1]):  # stops at the first difference
+            return True
+    if alternatives and answer.text is not None and _has_alternatives(answer.text):
+        return len({_value_key(p) for p in top_level_split(answer.text, _ALTERNATIVES) if p.strip()}) > 1
+    return False
+
+
+# ----------------------------------------------------------------------------- the three paths
+
+
+def _score_numeric(answer: FinalAnswer, ref_num: tuple[Fraction, bool], timeout: float) -> float:
+    if answer.text is None or _hedged(answer):
+        return 0.0
+    cand = normalize_answer(_first_alternative(answer.text))
+    cand_num = parse_number(cand) if cand else None
+    if cand_num is not None:
+        return float(numbers_equal(cand_num, ref_num))
+    cand_src = to_sympy_source(cand) if cand else None
+    if cand_src is None:
+        return 0.0
+    reply = WORKER.compare(cand_src, [_rational_source(v) for v in candidates(ref_num)], timeout)
+    return 0.0 if reply is None else float(reply["equal"])  # out of time: unverifiable earns nothing
+
+
+def _score_expression(text: str | None, ref_src: str, timeout: float) -> float | None:
+    cand = normalize_answer(text) if text is not None else ""
+    cand_num = parse_number(cand) if cand else None
+    if cand_num is not None:
+        sources = [_rational_source(v) for v in candidates(cand_num)]
+    else:
+        src = to_sympy_source(cand) if cand else None
+        if src is None:
+            return 0.0
+        sources = [src]
+    for source in sources:
+        reply = WORKER.compare(source, [ref_src], timeout)
+        if reply is None:
+            return 0.0
+        if not reply["ref_ok"]:
+            return None
+        if reply["equal"]:
+            return 1.0
+    return 0.0
+
+
+def _score_structure(text: str | None, ref: Structure, order: tuple[str, ...], timeout: float) -> float:
+    if text is None:
+        return 0.0
+    # `(a, b) = (1, 2)`: the value comes last, except where the reference itself has `=` in it.
+    cleaned = clean_answer(text) if ref.kind in ("relation", "system") else normalize_answer(text, lhs="chain")
+    cand = parse_structure(cleaned)
+    if cand is None:
+        return 0.0
+    if ref.kind == "relation":
+        return float(cand.kind == "relation" and _relations_equal(cand, ref, timeout))
+    return float(structures_equal(cand, ref, lambda pairs: _elements_equal(pairs, timeout), order))
+
+
+def _relations_equal(cand: Structure, ref: Structure, timeout: float) -> bool:
+    """Equations equal up to a nonzero factor; inequalities (`<`, `<=`) up to a positive one."""
+    if cand.items[0] != ref.items[0]:
+        return False
+    sources = [_difference_source(s.items[1], s.items[2]) for s in (cand, ref)]
+    if None in sources:
+        return False
+    reply = WORKER.request({"op": "ratio", "candidate": sources[0], "reference": sources[1]}, timeout)
+    if reply is None:
+        return False
+    return reply["ratio"] == "pos" or (reply["ratio"] == "neg" and ref.items[0] in ("=", "!="))
+
+
+def _difference_source(lhs: str, rhs: str) -> str | None:
+    a, b = (to_sympy_source(normalize_answer(x, lhs="symbol")) for x in (lhs, rhs))
+    return None if a is None or b is None else f"({a})-({b})"
+
+
+def _elements_equal(pairs: Sequence[tuple[str, str]], timeout: float) -> list[bool]:
+    """Element equality: exact numbers and infinities in Python, anything else in one worker request."""
+    out: list[bool | None] = []
+    symbolic: list[tuple[int, str, str]] = []
+    for i, (c, r) in enumerate(pairs):
+        cn, rn = normalize_answer(c, lhs="symbol"), normalize_answer(r, lhs="symbol")
+        c_inf, r_inf = infinity_sign(cn), infinity_sign(rn)
+        c_num, r_num = parse_number(cn), parse_number(rn)
+        if c_inf or r_inf:
+            out.append(c_inf == r_inf)
+        elif c_num is not None and r_num is not None:
+            out.append(numbers_equal(c_num, r_num))
+        else:
+            c_src = _rational_source(c_num[0]) if c_num else to_sympy_source(cn)
+            r_src = _rational_source(r_num[0]) if r_num else to_sympy_source(rn)
+            out.append(False if c_src is None or r_src is None else None)
+            if c_src is not None and r_src is not None:
+                symbolic.append((i, c_src, r_src))
+    if symbolic:
+        reply = WORKER.request({"op": "pairs", "pairs": [[c, r] for _, c, r in symbolic]}, timeout)
+        equal = reply.get("equal") if reply else None
+        for k, (i, _, _) in enumerate(symbolic):
+            out[i] = bool(isinstance(equal, list) and equal[k])
+    return [bool(x) for x in out]
+
+
+def _math_verify(text: str | None, ref_raw: str, timeout: float) -> float | None:
+    if text is None:
+        return 0.0
+    reply = WORKER.request({"op": "mv", "gold": f"${ref_raw}$", "pred": f"${text}$"}, timeout)
+    if reply is None:
+        return 0.0  # out of time: unverifiable earns nothing
+    return float(reply["equal"]) if reply.get("gold_ok") else None
+
+
+def _rational_source(value: Fraction) -> str:
+    return f"({value.numerator})/({value.denominator})"

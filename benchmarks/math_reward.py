@@ -1,6 +1,6 @@
 """`math_answer` judged: agreement with the case set by category, and throughput on 10k completions.
 
-    python benchmarks/math_reward.py                 # both, old = main's math.py (git), new = this tree
+    python benchmarks/math_reward.py                 # both, old = OLD_REV's math.py (git), new = this tree
     python benchmarks/math_reward.py --old-rev HEAD~3 --n 10000
     python benchmarks/math_reward.py --toy           # seconds: keeps the script from rotting (tests)
 
@@ -39,6 +39,10 @@ def load_cases():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.CASES
+
+
+# The last revision with the single-module verifier (before structured references and the second judge).
+OLD_REV = "6a930c7"
 
 
 def load_old(rev: str):
@@ -149,7 +153,7 @@ def report(title: str, best: dict, n: int, base: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old-rev", default="main", help="git revision holding the old single-module math.py")
+    parser.add_argument("--old-rev", default=OLD_REV, help="git revision holding the old single-module math.py")
     parser.add_argument("--n", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--toy", action="store_true", help="a few cases and rows: checks the script runs")

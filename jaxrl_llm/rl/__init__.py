@@ -14,6 +14,7 @@ from jaxrl_llm.rl.advantages import (
     token_rewards,
     whiten,
 )
+from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.losses import (
     AGGREGATE_MODES,
@@ -33,6 +34,7 @@ from jaxrl_llm.rl.objective import ESTIMATORS, KL_PLACEMENTS, Estimator, Objecti
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATE_MODES",
+    "CORRECTION_MODES",
     "ESTIMATORS",
     "KL_KINDS",
     "KL_PLACEMENTS",
@@ -53,6 +55,7 @@ __all__ = [
     "policy_loss",
     "register_estimator",
     "reinforce_pp_advantages",
+    "rollout_correction",
     "rloo_advantages",
     "token_rewards",
     "value_loss",

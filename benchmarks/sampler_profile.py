@@ -265,7 +265,8 @@ def _rollout(path, prompts, mask):
     from jaxrl_llm.sampling import Rollout
     d = np.load(path)
     mask_out = jnp.asarray(d["mask"])
-    return Rollout(tokens=jnp.asarray(d["tokens"]), logprobs=jnp.asarray(d["logprobs"]), mask=mask_out,
+    logprobs = jnp.asarray(d["logprobs"])  # sampled without top-k/top-p: the behaviour log-probs are these
+    return Rollout(tokens=jnp.asarray(d["tokens"]), logprobs=logprobs, behavior_logprobs=logprobs, mask=mask_out,
                    lengths=mask_out.sum(-1), truncated=jnp.zeros(mask_out.shape[0], bool),
                    prompt_tokens=jnp.asarray(prompts), prompt_mask=jnp.asarray(mask))
 

@@ -19,7 +19,9 @@ per-token cost of drawing from more than the whole decoder's to a few percent (d
 Log-prob convention (the trainer's, docs/design.md "Conventions"): `logprobs[n, t]` is
 log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k` and
 `top_p` only change which token is drawn (nucleus on the temperature-scaled distribution after top-k),
-never this number, so the trainer recomputes exactly what the sampler reports. With temperature=0
+never this number, so the trainer recomputes exactly what the sampler reports; `behavior_logprobs` is
+the log-prob of the truncated, renormalised distribution the token was really drawn from, which every
+importance ratio against the sampler needs (docs/algorithms/off_policy.md). With temperature=0
 (greedy) the reported log-prob is that of log_softmax(logits) (temperature 1).
 
 Prompt lengths: callers pad each batch to a length bucket (see docs/data.md) so that variable prompt
@@ -44,13 +46,16 @@ from jaxrl_llm.models.lm import decode_prepare, decode_step, init_cache, logits_
 class Rollout:
     """Completions of a batch of prompts, N = B*G rows, completions of one prompt contiguous.
 
-    tokens (N,T) int32 -- pad_id after EOS;  logprobs (N,T) float32 -- 0 where mask is 0;
+    tokens (N,T) int32 -- pad_id after EOS;  logprobs (N,T) float32 -- 0 where mask is 0 (the trainer's
+    convention: full vocabulary);  behavior_logprobs (N,T) float32 -- of the distribution each token was
+    drawn from (top-k/top-p truncated and renormalised; = logprobs without truncation), 0 where mask is 0;
     mask (N,T) int32 -- 1 on generated tokens including the EOS;  lengths (N,) int32 = mask.sum(1);
     truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
     """
 
     tokens: jax.Array
     logprobs: jax.Array
+    behavior_logprobs: jax.Array
     mask: jax.Array
     lengths: jax.Array
     truncated: jax.Array
@@ -166,14 +171,18 @@ def categorical(key, logits):
 
 
 def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
-    """Draws one token per row. logits (N,V) float32 -> (token (N,), logprob (N,) full-vocab convention)."""
+    """Draws one token per row. logits (N,V) float32 -> (token (N,) int32, logprob (N,), behaviour
+    logprob (N,)): the log-prob of the module's convention (full vocabulary at the temperature), and the
+    log-prob of the distribution the token was really drawn from (top-k / top-p truncated and
+    renormalised; equal to the first without truncation; 0 for greedy, a point mass)."""
     if greedy:
         token = argmax(logits)
-        return token, _logp_at(logits, token)
+        return token, _logp_at(logits, token), jnp.zeros(token.shape, jnp.float32)
     scaled = logits / temperature
     if top_k == 0 and not nucleus:
         token, log_z = categorical(key, scaled)  # the normalizer of the draw is that of the log-prob
-        return token, jnp.take_along_axis(scaled, token[:, None], -1)[:, 0] - log_z
+        logp = jnp.take_along_axis(scaled, token[:, None], -1)[:, 0] - log_z
+        return token, logp, logp
     # Candidates sorted by descending probability: the top-k, or the whole vocabulary for nucleus.
     k = top_k if top_k > 0 else scaled.shape[-1]
     cand, idx = jax.lax.top_k(scaled, k)
@@ -181,9 +190,10 @@ def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus):
         probs = jax.nn.softmax(cand, axis=-1)
         mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix with mass >= top_p
         cand = jnp.where(mass_before < top_p, cand, -jnp.inf)
-    choice, _ = categorical(key, cand)
+    choice, log_z = categorical(key, cand)
     token = jnp.take_along_axis(idx, choice[:, None], -1)[:, 0].astype(jnp.int32)
-    return token, _logp_at(scaled, token)
+    behavior = jnp.take_along_axis(cand, choice[:, None], -1)[:, 0] - log_z
+    return token, _logp_at(scaled, token), behavior
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
@@ -204,9 +214,9 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
 
     # 2. first token of every row from its prompt's logits (independent draws per row).
-    token, logp = draw(jax.random.fold_in(rng, 0), jnp.repeat(last_logits, g, axis=0))
+    token, logp, blogp = draw(jax.random.fold_in(rng, 0), jnp.repeat(last_logits, g, axis=0))
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(token)
-    logprobs = jnp.zeros((n, t_max), jnp.float32).at[:, 0].set(logp)
+    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
     done = jnp.isin(token, eos)
 
@@ -226,17 +236,19 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
-            new, logp = draw(jax.random.fold_in(rng, t + 1), logits)
+            new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits)
         alive = ~done
         new = jnp.where(alive, new, pad_id)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
-        logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(alive, logp, 0.0)[:, None], (0, t + 1))
+        both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (N,2): one update for the pair
+        logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
         mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
         done = done | jnp.isin(new, eos)
         return t + 1, tokens, logprobs, mask, done, cache, new
 
     state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token)
     _, tokens, logprobs, mask, done, _, _ = jax.lax.while_loop(cond, body, state)
-    return Rollout(tokens=tokens, logprobs=logprobs, mask=mask, lengths=jnp.sum(mask, axis=-1),
+    return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
+                   lengths=jnp.sum(mask, axis=-1),
                    truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),
                    prompt_mask=jnp.repeat(prompt_mask, g, axis=0))

@@ -315,7 +315,11 @@ def test_row_retry_slices_columns_consistently():
         ("11111", "reward 'bad' returned str, expected a list of 5 floats or None"),
         (np.ones((5, 1)), r"returned an array of shape \(5, 1\)"),
         ([1.0, 1.0, "1.0", 1.0, 1.0], r"non-numeric value '1.0' \(str\) on row 2"),
-        ([1.0, [1.0], 1.0, 1.0, 1.0], r"non-numeric value \[1.0\] \(list\) on row 1"),
+        ([1.0, [1.0], 1.0, 1.0, 1.0], r"returned the process step 1.0 on row 1; expected \(token index >= 0"),
+        ([1.0, 1.0, [(0, 1.0), (0, 2.0)], 1.0, 1.0], r"two process steps at one token index on row 2"),
+        ([1.0, 1.0, 1.0, [(-1, 1.0)], 1.0], r"process step \(-1, 1.0\) on row 3"),
+        ([1.0, 1.0, 1.0, [(2, float("nan"))], 1.0], r"process step \(2, nan\) on row 3"),
+        ([{"a": 1}, 1.0, 1.0, 1.0, 1.0], r"non-numeric value \{'a': 1\} \(dict\) on row 0"),
         ([1.0, 1.0, 1.0, float("nan"), 1.0], "reward 'bad' returned nan on row 3"),
         ([float("-inf"), 1.0, 1.0, 1.0, 1.0], "reward 'bad' returned -inf on row 0"),
         ([1.0, 1e39, 1.0, 1.0, 1.0], "returned 1e\\+39 on row 1, which overflows float32"),
@@ -391,3 +395,21 @@ def test_end_to_end_with_builtins():
     assert metrics["reward/math_answer/mean"] == pytest.approx(2 / 3)
     assert metrics["reward/format/mean"] == 0.75
     assert metrics["reward/overlong/mean"] == pytest.approx(-1.75 / 4)
+
+
+def test_process_rewards_are_steps_valued_at_their_sum():
+    """A row may be a list of (token index, reward) steps: its score is their weighted sum, and the
+    weighted steps come back sorted per row for a process estimator; components are per function."""
+    def steps(prompts, completions, **_):
+        return [[(3, 1.0), (0, -0.5)], None, [], 2.0]
+
+    def flat(prompts, completions, **_):
+        return [1.0, 1.0, None, 0.0]
+
+    batch = registry.score_rewards([("steps", steps, 2.0), ("flat", flat, 1.0)], ["p"] * 4, ["c"] * 4)
+    np.testing.assert_array_equal(batch.scores, [2.0, 1.0, 0.0, 4.0])
+    assert batch.steps == [[(0, -1.0), (3, 2.0)], [], [], []]
+    np.testing.assert_array_equal(batch.components["steps"], [1.0, 0.0, 0.0, 4.0])
+    np.testing.assert_array_equal(batch.components["flat"], [1.0, 1.0, 0.0, 0.0])
+    scores, metrics = registry.compute_rewards([("steps", steps, 2.0)], ["p"] * 4, ["c"] * 4)
+    assert metrics["reward/steps/mean"] == pytest.approx((0.5 + 0.0 + 2.0) / 3)

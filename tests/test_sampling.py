@@ -161,6 +161,39 @@ def test_top_k_1_is_greedy_and_nucleus_stays_in_nucleus(qwen):
         assert drawn <= nucleus and len(drawn) > 1
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.6), (6, 0.7)])
+def test_behaviour_logprobs_are_the_drawn_frequencies(qwen, top_k, top_p):
+    """With top-k/top-p on, the reported behaviour probability of each drawn token is the frequency
+    with which it is drawn (chi-square over many draws), the full-vocabulary log-prob stays the
+    trainer's, and the two differ by exactly the log of the kept mass."""
+    config, params = qwen
+    tokens, mask = _prompts(5, lengths=(6,))
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(7), max_new_tokens=1, num_samples=4096,
+                 eos_ids=[EOS], pad_id=PAD, temperature=0.9, top_k=top_k, top_p=top_p)
+    drawn, behaviour, full = (np.asarray(x[:, 0]) for x in (r.tokens, r.behavior_logprobs, r.logprobs))
+    reported = np.zeros(config.vocab_size)
+    for tok in np.unique(drawn):  # one probability per token, whichever row drew it
+        assert np.ptp(behaviour[drawn == tok]) < 1e-5
+        reported[tok] = np.exp(behaviour[drawn == tok][0])
+    probs = _first_token_probs(config, params, tokens, mask, 0.9)
+    np.testing.assert_allclose(full, np.log(probs[drawn]), atol=1e-4)  # the trainer's convention
+    kept_mass = np.exp(full - behaviour)  # p_full / p_behaviour: the same for every drawn token
+    assert np.ptp(kept_mass) < 1e-4 and 0.05 < kept_mass[0] < 0.999
+    assert reported.sum() == pytest.approx(1.0, abs=0.02)  # every kept token was drawn at least once
+    stat, critical = _chi_square_ok(np.bincount(drawn, minlength=config.vocab_size), reported / reported.sum())
+    assert stat < critical, (stat, critical)
+
+
+def test_behaviour_logprobs_equal_logprobs_without_truncation_and_zero_for_greedy(qwen):
+    config, params = qwen
+    tokens, mask = _prompts(6)
+    kw = dict(max_new_tokens=6, num_samples=3, eos_ids=[EOS], pad_id=PAD)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), temperature=0.8, **kw)
+    np.testing.assert_array_equal(r.behavior_logprobs, r.logprobs)
+    g = generate(config, params, tokens, mask, jax.random.PRNGKey(1), temperature=0.0, **kw)
+    assert not np.any(np.asarray(g.behavior_logprobs))
+
+
 def _check_semantics(r, eos_ids, pad_id):
     tokens, mask, logprobs = map(np.asarray, (r.tokens, r.mask, r.logprobs))
     for n in range(tokens.shape[0]):

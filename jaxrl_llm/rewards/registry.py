@@ -16,6 +16,7 @@ score_i = Σ_f w_f · r_f,i over the functions whose value on row i is not None.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -135,6 +136,18 @@ def get_reward_fn(spec: str | Callable[..., Any], **kwargs: Any) -> tuple[str, R
     return name, _bind(obj, kwargs)
 
 
+@dataclasses.dataclass
+class RewardBatch:
+    """What `score_rewards` returns: scores (N,) float32, the weighted sum; metrics; components
+    {name: (N,) float32 weighted values, 0 where None}; steps: per row, the (token index, weighted
+    reward) steps of process rewards, sorted by index ([] for rows without any)."""
+
+    scores: np.ndarray
+    metrics: dict[str, float]
+    components: dict[str, np.ndarray]
+    steps: list[list[tuple[int, float]]]
+
+
 def compute_rewards(
     reward_fns: Sequence[tuple[str, RewardFn, float]],
     prompts: Sequence[str],
@@ -143,7 +156,20 @@ def compute_rewards(
     *,
     on_error: str = "raise",
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Calls each reward function on the batch and returns the weighted sum and metrics.
+    """(scores, metrics) of `score_rewards`."""
+    batch = score_rewards(reward_fns, prompts, completions, columns, on_error=on_error)
+    return batch.scores, batch.metrics
+
+
+def score_rewards(
+    reward_fns: Sequence[tuple[str, RewardFn, float]],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    columns: Mapping[str, Any] | None = None,
+    *,
+    on_error: str = "raise",
+) -> RewardBatch:
+    """Calls each reward function on the batch and returns the weighted sum, its parts and metrics.
 
     reward_fns: (name, fn, weight) triples; names must be unique (they key the metrics).
     prompts, completions: N strings each.
@@ -157,6 +183,8 @@ def compute_rewards(
       every row is None), `reward/<name>/none_frac`, `reward/<name>/errors` (rows zeroed) and the
       function's own `reward/<name>/<key>` when it returns a `RewardScores` on the whole batch (a
       row-by-row retry reports none: a per-row metric has no batch meaning).
+    Process rewards: a function may return, for a row, a list of (token index, reward) steps instead of
+      a number; the row's value is then the sum of its steps, and the steps are kept in `steps`.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
@@ -170,11 +198,16 @@ def compute_rewards(
     prompts, completions = list(prompts), list(completions)
     scores = np.zeros((n,), np.float32)
     metrics: dict[str, float] = {}
+    components: dict[str, np.ndarray] = {}
+    steps: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for name, fn, weight in reward_fns:
-        values, present, errors, extra = _evaluate(name, fn, prompts, completions, columns, on_error)
+        values, present, errors, extra, fn_steps = _evaluate(name, fn, prompts, completions, columns, on_error)
         # float32 from the first array: the weight is cast so the product never widens to float64.
         with np.errstate(over="ignore"):  # overflow is reported below, once, as an error
-            scores += np.where(present, np.float32(weight) * values, np.float32(0.0))
+            components[name] = np.where(present, np.float32(weight) * values, np.float32(0.0))
+            scores += components[name]
+        for i, row_steps in enumerate(fn_steps):
+            steps[i].extend((t, float(np.float32(weight) * np.float32(r))) for t, r in row_steps)
         count = int(present.sum())
         if count:
             metrics[f"reward/{name}/mean"] = float(values[present].astype(np.float64).mean())
@@ -183,21 +216,23 @@ def compute_rewards(
         metrics.update({f"reward/{name}/{key}": value for key, value in extra.items()})
     if not np.all(np.isfinite(scores)):
         raise ValueError("the weighted sum of rewards overflows float32; check the reward weights")
-    return scores, metrics
+    return RewardBatch(scores, metrics, components, [sorted(row) for row in steps])
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
 def _evaluate(name, fn, prompts, completions, columns, on_error):
-    """Returns values (N,) float32, present (N,) bool, number of rows zeroed by errors, extra metrics."""
+    """Returns values (N,) float32, present (N,) bool, number of rows zeroed by errors, extra metrics,
+    process steps per row."""
     n = len(prompts)
     try:
         out = fn(prompts, completions, **columns)
     except Exception as batch_error:  # noqa: BLE001 - any user error is reported with its row
-        return (*_evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error), {})
-    values, present = _to_values(name, out, n)
-    return values, present, 0, _extra_metrics(name, out)
+        values, present, errors, steps = _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error)
+        return values, present, errors, {}, steps
+    values, present, steps = _to_values(name, out, n)
+    return values, present, 0, _extra_metrics(name, out), steps
 
 
 def _extra_metrics(name: str, out: Any) -> dict[str, float]:
@@ -221,6 +256,7 @@ def _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_erro
     n = len(prompts)
     values = np.zeros((n,), np.float32)
     present = np.zeros((n,), bool)
+    steps: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     errors = 0
     for i in range(n):
         row_columns = {k: (v[i : i + 1] if _is_sequence(v) else v) for k, v in columns.items()}
@@ -234,18 +270,19 @@ def _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_erro
             errors += 1
             present[i] = True  # the row "gets 0": it counts in the mean, like any other 0
             continue
-        row_values, row_present = _to_values(name, out, 1, row_offset=i)
-        values[i], present[i] = row_values[0], row_present[0]
+        row_values, row_present, row_steps = _to_values(name, out, 1, row_offset=i)
+        values[i], present[i], steps[i] = row_values[0], row_present[0], row_steps[0]
     if errors == 0 and on_error == "raise":
         raise RewardError(
             f"reward {name!r} raised on the batch of {n} rows but on no single row: {_one_line(batch_error)}",
             reward=name,
         ) from batch_error
-    return values, present, errors
+    return values, present, errors, steps
 
 
-def _to_values(name: str, out: Any, n: int, row_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Validates a reward function's return; returns values (n,) float32 and present (n,) bool."""
+def _to_values(name: str, out: Any, n: int, row_offset: int = 0):
+    """Validates a reward function's return; returns values (n,) float32, present (n,) bool and the
+    process steps of each row (a row given as (token index, reward) steps is valued at their sum)."""
     if isinstance(out, np.ndarray):
         if out.ndim != 1:
             raise RewardError(f"reward {name!r} returned an array of shape {out.shape}, expected ({n},)", reward=name)
@@ -258,11 +295,15 @@ def _to_values(name: str, out: Any, n: int, row_offset: int = 0) -> tuple[np.nda
         raise RewardError(f"reward {name!r} returned {len(out)} values for {n} rows", reward=name)
     values = np.zeros((n,), np.float32)
     present = np.zeros((n,), bool)
+    steps: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for i, v in enumerate(out):
         row = i + row_offset
         if v is None:
             continue
-        if isinstance(v, (bool, np.bool_, numbers.Real)):  # numbers.Real covers NumPy scalars
+        if isinstance(v, (list, tuple)):
+            steps[i] = _process_steps(name, v, row)
+            v = float(sum(r for _, r in steps[i]))
+        elif isinstance(v, (bool, np.bool_, numbers.Real)):  # numbers.Real covers NumPy scalars
             v = float(v)
         else:
             raise RewardError(
@@ -275,7 +316,24 @@ def _to_values(name: str, out: Any, n: int, row_offset: int = 0) -> tuple[np.nda
         if abs(v) > _FLOAT32_MAX:
             raise RewardError(f"reward {name!r} returned {v} on row {row}, which overflows float32", reward=name, row=row)
         values[i], present[i] = v, True
-    return values, present
+    return values, present, steps
+
+
+def _process_steps(name: str, steps: Sequence[Any], row: int) -> list[tuple[int, float]]:
+    """A row's process reward: (token index >= 0, finite reward) pairs, at most one per index."""
+    out = []
+    for step in steps:
+        ok = isinstance(step, (list, tuple)) and len(step) == 2
+        t, r = step if ok else (None, None)
+        if not ok or isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 or \
+                isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+            raise RewardError(f"reward {name!r} returned the process step {step!r:.60} on row {row}; expected "
+                              "(token index >= 0, finite reward) pairs", reward=name, row=row)
+        out.append((int(t), float(r)))
+    if len({t for t, _ in out}) != len(out):
+        raise RewardError(f"reward {name!r} returned two process steps at one token index on row {row}",
+                          reward=name, row=row)
+    return sorted(out)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -119,7 +119,7 @@ HACKS = {
                     os.write(fd, (json.dumps({"i": i, "ok": True, "value": {"always": True}}) + "\\n").encode() * 300)
                 except OSError:
                     pass
-        def add(a, b): return 0
+        def add(a, b): return None
     """,
     "frame walking: rewrite the harness's state": """
         import sys
@@ -425,14 +425,15 @@ def test_a_rollout_cannot_kill_its_siblings():
         for _ in range(20):
             for pid in range(1, 1 << 16):
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    if pid != os.getpid():
+                        os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
-        def add(a, b): return 0
+        def add(a, b): return None
     """)
     results = {}
     victims = [threading.Thread(target=lambda k=k: results.__setitem__(k, judge(victim, parse_tests(ADD_TESTS),
@@ -476,3 +477,42 @@ def test_output_flood_and_memory_bomb_are_bounded():
 def test_cpu_spin_is_cut_by_the_cpu_limit(backend):
     result = judge("while True:\n    pass", parse_tests(ADD_TESTS), backend=backend, timeout=10, cpu_time=1)
     assert result.status == "cpu_limit" and result.score == 0.0
+
+
+# ----------------------------------------------------------------------------- the fallback layers
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback's distinct uid needs root")
+def test_fallback_as_root_still_protects_siblings_and_leaves_no_process():
+    # Without bubblewrap and with the audit hook switched off, a uid per sandbox still stops a
+    # rollout from killing its siblings, and every process of that uid is killed afterwards.
+    victim = "import time\ndef add(a, b):\n    time.sleep(0.5)\n    return a + b"
+    attack = textwrap.dedent("""
+        import os, signal, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(60)
+            os._exit(0)
+        for _ in range(5):
+            os.kill(-1, signal.SIGKILL) if os.fork() else os._exit(0)
+        def add(a, b): return None
+    """)
+    results = {}
+    thread = threading.Thread(target=lambda: results.setdefault(0, judge(victim, parse_tests(ADD_TESTS),
+                                                                         backend="fallback", timeout=20)))  # fmt: skip
+    thread.start()
+    time.sleep(0.3)
+    attacker = judge(attack, parse_tests(ADD_TESTS), backend="fallback", audit=False, timeout=10)
+    thread.join()
+    assert attacker.score == 0.0 and results[0].score == 1.0, (attacker, results)
+    time.sleep(0.2)
+    assert _runner_processes() == []
+
+
+def test_layers_and_the_loud_warning(monkeypatch):
+    layers = launch.layers("fallback")
+    assert "bwrap" not in layers and {"judge_outside", "rlimits", "audit_hook"} <= set(layers)
+    monkeypatch.setattr(launch, "bwrap_problem", lambda: "bwrap is not installed")
+    with pytest.warns(RuntimeWarning, match="code_tests: NO bubblewrap sandbox \\(bwrap is not installed\\)"):
+        launch.warn_if_weak.__wrapped__()

@@ -211,3 +211,11 @@ def test_bad_arguments():
         run_sandboxed(b"pass")
     with pytest.raises(ValueError, match="max_workers must be a positive integer"):
         run_code_tests(["pass"], [["assert f() == 1"]], max_workers=0)
+
+
+def test_large_answers_fit_the_reply_limit():
+    big = "x" * 3_000_000
+    assert run_sandboxed(f"print('x' * {len(big)})", {"inputs": [""], "outputs": [big]}, timeout=10).status == "passed"
+    code = "def f(n):\n    return list(range(n))"
+    assert run_sandboxed(code, {"fn_name": "f", "inputs": [[200_000]], "outputs": [list(range(200_000))]},
+                         timeout=10).status == "passed"  # fmt: skip

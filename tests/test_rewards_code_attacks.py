@@ -516,3 +516,32 @@ def test_layers_and_the_loud_warning(monkeypatch):
     monkeypatch.setattr(launch, "bwrap_problem", lambda: "bwrap is not installed")
     with pytest.warns(RuntimeWarning, match="code_tests: NO bubblewrap sandbox \\(bwrap is not installed\\)"):
         launch.warn_if_weak.__wrapped__()
+
+
+# ----------------------------------------------------------------------------- the judge's parser
+
+PROTOCOL_PAYLOADS = {  # Python expressions evaluated in the sandbox
+    "nested 200k deep": 'b"[" * 200_000 + b"\\n"',
+    "100k-digit int": 'b\'{"i": 0, "value": 1\' + b"0" * 100_000 + b"}\\n"',
+    "invalid UTF-8": 'b\'\\xff\\xfe{"i": 0, "value": 3}\\n\'',
+    "NaN literal": 'b\'{"i": 0, "value": NaN}\\n\'',
+    "two tags": 'b\'{"i": 0, "value": {"tuple": [3], "set": [3]}}\\n\'',
+    "unhashable set member": 'b\'{"i": 0, "value": {"set": [[3]]}}\\n\'',
+    "bool index": 'b\'{"i": false, "value": 3}\\n\'',
+    "endless line": 'b"x" * (64 << 20)',
+}
+
+
+@pytest.mark.parametrize("payload", sorted(PROTOCOL_PAYLOADS))
+def test_malformed_replies_fail_the_case_without_hurting_the_judge(payload, backend):
+    # Written straight to the reply pipe (its fd is the runner's last argument), instead of answering.
+    code = f"import os, sys\ndef add(a, b):\n    os.write(int(sys.argv[2]), {PROTOCOL_PAYLOADS[payload]})\n    return None"
+    start = time.monotonic()
+    result = judge(code, parse_tests(["assert add(1, 2) == 3"]), backend=backend, timeout=10, memory_mb=256)
+    assert result.score == 0.0 and time.monotonic() - start < 5, result
+
+
+def test_deep_recursion_crashes_only_the_sandbox(backend):
+    code = "import sys\nsys.setrecursionlimit(10 ** 6)\ndef add(a, b):\n    return add(a, b) + 1"
+    result = judge(code, parse_tests(ADD_TESTS), backend=backend, timeout=10, memory_mb=128)
+    assert result.score == 0.0 and result.status in ("crashed", "failed", "memory"), result

@@ -8,6 +8,7 @@ case counted once, keyed by the index the judge asked for. Nothing the sandbox s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import signal
 import time
@@ -83,7 +84,7 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
     start = time.monotonic()
     session = Session(code, backend=backend, load_module=any(c.kind != "stdio" for c in cases), timeout=timeout,
                       memory_mb=memory_mb, cpu_time=cpu_time and math.ceil(cpu_time), file_size_mb=file_size_mb,
-                      disk_mb=disk_mb, audit_on=audit)  # fmt: skip
+                      disk_mb=disk_mb, audit_on=audit, max_reply=_max_reply(cases, file_size_mb))  # fmt: skip
     tally = _Tally(total=sum(c.counted for c in cases), cases=len(cases))
     try:
         _exchange(session, cases, tally, float_tolerance)
@@ -95,6 +96,18 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
     status, reason = _status(tally, session, returncode, timeout)
     return SandboxResult(status, reason, tally.passed, tally.total, returncode, time.monotonic() - start,
                          stdout, stderr, tuple(session.blocked))  # fmt: skip
+
+
+def _max_reply(cases: list[Case], file_size_mb: int) -> int:
+    """The longest reply line worth reading: 1 MiB plus 8 times the longest expected answer (JSON
+    escapes at most ~6x), never more than the output limit allows. A longer one cannot match."""
+    longest = 0
+    for case in cases:
+        if case.check in ("eq", "in") or case.kind == "stdio" and case.counted:
+            longest = max(longest, len(json.dumps(values.encode(case.expected))))
+        elif case.kind == "stdio" or case.check == "ne":
+            longest = file_size_mb << 20  # any output may pass: allow all it can write
+    return (1 << 20) + 8 * min(longest, file_size_mb << 20)
 
 
 @dataclasses.dataclass
@@ -136,7 +149,7 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, float_toleranc
         if record is None:
             return
         tally.answered += 1
-        if record.get("i") != index:
+        if type(record.get("i")) is not int or record["i"] != index:
             tally.protocol = f"reply for test {record.get('i')!r} when test {index} was asked"
             return
         ok, why = _verdict(case, record, float_tolerance, tally)

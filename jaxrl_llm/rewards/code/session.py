@@ -30,12 +30,14 @@ class Session:
     """A started sandbox. `send(record)`, `receive(deadline)` (a dict, or None at EOF/deadline with
     `self.timed_out` set), `close()` -> (returncode, stdout head, stderr head)."""
 
-    def __init__(self, code, *, backend, load_module, timeout, memory_mb, cpu_time, file_size_mb, disk_mb, audit_on):
+    def __init__(self, code, *, backend, load_module, timeout, memory_mb, cpu_time, file_size_mb, disk_mb, audit_on,
+                 max_reply):  # fmt: skip
         self.deadline = time.monotonic() + timeout
         self.timed_out = False
         self.blocked: list[str] = []
-        self.max_reply = 8 * (file_size_mb << 20) + (1 << 20)
-        self._buffer = b""
+        self.max_reply = max_reply  # bytes a reply line may have: the judge's memory per sandbox
+        self._buffer = bytearray()
+        self._scanned = 0
         self._uid = launch.acquire_uid() if os.geteuid() == 0 else None
         self._root = tempfile.mkdtemp(prefix="jaxrl_sandbox_")
         try:
@@ -107,13 +109,16 @@ class Session:
         """The next reply line as bytes (blocked-event lines are collected, not returned); None at
         EOF, past the deadline (sets `timed_out`) or for an over-long line (sets `oversized`)."""
         while True:
-            newline = self._buffer.find(b"\n")
+            newline = self._buffer.find(b"\n", self._scanned)
             if newline >= 0:
-                line, self._buffer = self._buffer[:newline], self._buffer[newline + 1 :]
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scanned = 0
                 if line.startswith(b'{"blocked": '):
                     self._note_blocked(line)
                     continue
                 return line
+            self._scanned = len(self._buffer)  # search only new bytes next time: linear in the line
             if len(self._buffer) > self.max_reply:
                 self.oversized = True
                 return None
@@ -125,7 +130,7 @@ class Session:
             if not ready:
                 continue
             try:
-                chunk = os.read(self._reply_r, 1 << 16)
+                chunk = os.read(self._reply_r, min(1 << 16, self.max_reply + 1 - len(self._buffer)))
             except BlockingIOError:
                 continue
             if not chunk:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from jaxrl_llm.rewards.code import launch, values
-from jaxrl_llm.rewards.code.cases import Case, extract_code, parse_tests
+from jaxrl_llm.rewards.code.cases import Case
 from jaxrl_llm.rewards.code.session import Session
 
 DEFAULT_TIMEOUT = 10.0  # wall-clock seconds per completion

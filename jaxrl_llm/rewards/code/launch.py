@@ -92,7 +92,9 @@ def bwrap_command(disk_mb: int, seccomp_fd: int | None) -> list[str]:
     else:
         args += ["--unshare-user", "--disable-userns"]
     args += [*_mount_args(), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-             "--perms", "01777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv",
+             "--perms", "01777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
+             "--remount-ro", "/",  # the root tmpfs, owned by the sandbox user in a user namespace
+             "--chdir", "/tmp", "--clearenv",
              "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "LC_ALL", "C.UTF-8",
              "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]  # fmt: skip
     if seccomp_fd is not None:

@@ -302,3 +302,22 @@ def test_layers_and_the_loud_warning(monkeypatch):
     monkeypatch.setattr(launch, "bwrap_problem", lambda: "bwrap is not installed")
     with pytest.warns(RuntimeWarning, match="code_tests: NO bubblewrap sandbox \\(bwrap is not installed\\)"):
         launch.warn_if_weak.__wrapped__()
+
+
+def test_forked_processes_draw_their_own_uid_blocks():
+    if os.geteuid() != 0:
+        pytest.skip("uids are drawn only as root")
+    uid = launch.acquire_uid()
+    launch.release_uid(uid)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a data-loader-like child: its sandboxes must not reuse the parent's uids
+        child_uid = launch.acquire_uid()
+        os.write(write_fd, str(child_uid).encode())
+        os._exit(0)
+    os.close(write_fd)
+    child_uid = int(os.read(read_fd, 64))
+    os.waitpid(pid, 0)
+    os.close(read_fd)
+    block = lambda u: (u - 1_000_000_000) // 1024  # noqa: E731
+    assert block(child_uid) != block(uid)  # equal by chance: 1 in 900 000

@@ -28,11 +28,11 @@ from jaxrl_llm.rewards.code import seccomp
 
 _PYTHON = os.path.realpath(sys.executable)
 _STDLIB = os.path.dirname(os.path.realpath(os.__file__))
-# Sandbox uids: one block per trainer process, drawn at random far above real accounts.
-_UID_BASE = 1_000_000_000 + secrets.randbelow(900_000) * 1024
+# Sandbox uids: one block per process, drawn at random far above real accounts, and drawn again in
+# a forked child (which must not share its parent's block).
 _UID_SLOTS = 1024
 _uid_lock = threading.Lock()
-_free_uids = list(range(_UID_BASE + _UID_SLOTS - 1, _UID_BASE - 1, -1))
+_uid_pool: dict = {"pid": None, "free": []}
 
 
 def _shared_libraries() -> dict[str, str] | None:
@@ -165,9 +165,12 @@ def layers(backend: str | None = None) -> tuple[str, ...]:
 
 def acquire_uid() -> int:
     with _uid_lock:
-        if not _free_uids:
+        if _uid_pool["pid"] != os.getpid():
+            base = 1_000_000_000 + secrets.randbelow(900_000) * _UID_SLOTS
+            _uid_pool.update(pid=os.getpid(), free=list(range(base + _UID_SLOTS - 1, base - 1, -1)))
+        if not _uid_pool["free"]:
             raise RuntimeError(f"more than {_UID_SLOTS} concurrent sandboxes")
-        uid = _free_uids.pop()
+        uid = _uid_pool["free"].pop()
     kill_uid(uid)  # a previous trainer with the same block: nothing of it may survive into ours
     return uid
 
@@ -175,7 +178,8 @@ def acquire_uid() -> int:
 def release_uid(uid: int) -> None:
     kill_uid(uid)
     with _uid_lock:
-        _free_uids.append(uid)
+        if _uid_pool["pid"] == os.getpid():
+            _uid_pool["free"].append(uid)
 
 
 def kill_uid(uid: int) -> int:

@@ -43,13 +43,23 @@ def probe(code, *, timeout=5.0, memory_mb=128, disk_mb=8, audit=False):
 
 
 def runner_processes() -> list[int]:
-    """Host processes still running sandbox code (the runner's source is in their command line)."""
+    """Processes still running sandbox code started by this process. As root: any process with a
+    uid from this process's sandbox uid block (other pytest workers have their own). Otherwise:
+    any process running the runner (its source is in the command line)."""
+    pool = launch._uid_pool
+    block = range(pool["base"], pool["base"] + launch._UID_SLOTS)
     found = []
     for pid in os.listdir("/proc"):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"def install_audit_hook" in f.read():
+            if os.geteuid() == 0 and pool["pid"] == os.getpid():
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:]
+                if any(int(u) in block for u in uids):
                     found.append(int(pid))
-        except (OSError, ValueError):
+            else:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"def install_audit_hook" in f.read():
+                        found.append(int(pid))
+        except (OSError, ValueError, StopIteration):
             pass
     return found

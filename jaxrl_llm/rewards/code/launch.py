@@ -32,7 +32,7 @@ _STDLIB = os.path.dirname(os.path.realpath(os.__file__))
 # a forked child (which must not share its parent's block).
 _UID_SLOTS = 1024
 _uid_lock = threading.Lock()
-_uid_pool: dict = {"pid": None, "free": []}
+_uid_pool: dict = {"pid": None, "base": 0, "free": []}
 
 
 def _shared_libraries() -> dict[str, str] | None:
@@ -167,7 +167,7 @@ def acquire_uid() -> int:
     with _uid_lock:
         if _uid_pool["pid"] != os.getpid():
             base = 1_000_000_000 + secrets.randbelow(900_000) * _UID_SLOTS
-            _uid_pool.update(pid=os.getpid(), free=list(range(base + _UID_SLOTS - 1, base - 1, -1)))
+            _uid_pool.update(pid=os.getpid(), base=base, free=list(range(base + _UID_SLOTS - 1, base - 1, -1)))
         if not _uid_pool["free"]:
             raise RuntimeError(f"more than {_UID_SLOTS} concurrent sandboxes")
         uid = _uid_pool["free"].pop()

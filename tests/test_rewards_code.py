@@ -185,6 +185,8 @@ def test_code_tests_reward_batches_rows_in_order():
         code_tests(["q"] * 2, ["a", "b"], tests=[["assert True"]])
     with pytest.raises(ValueError, match="tests of row 0: tests is not valid Python"):
         code_tests(["q"], ["a"], tests=["assert ("])
+    with pytest.raises(ValueError, match="tests of row 0: tests must be a dict, a string or a list of strings, got int"):
+        code_tests(["q"], ["a"], tests=[3])
     with pytest.raises(ValueError, match=r"tests of row 0: tests\[0\]: unsupported"):
         code_tests(["q"], ["a"], tests=[["assert True"]])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrl_llm.rewards.code import launch
 from jaxrl_llm.rewards.code.cases import extract_code, parse_tests
@@ -41,8 +41,12 @@ def run_sandboxed(code: str, tests=(), *, timeout: float = DEFAULT_TIMEOUT, memo
 
 
 def _has_tests(tests) -> bool:
-    return tests is not None and not (isinstance(tests, (str, Sequence)) and not isinstance(tests, str) and not tests) \
-        and not (isinstance(tests, str) and not tests.strip())
+    """False for None, '' (or blanks) and empty lists: the row is not applicable."""
+    if tests is None:
+        return False
+    if isinstance(tests, str):
+        return bool(tests.strip())
+    return isinstance(tests, Mapping) or not isinstance(tests, Sequence) or len(tests) > 0  # others: parse_tests says why
 
 
 def run_code_tests(completions: Sequence[str], tests: Sequence, *, timeout: float = DEFAULT_TIMEOUT,

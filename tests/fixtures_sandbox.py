@@ -53,13 +53,15 @@ def runner_processes() -> list[int]:
         try:
             if os.geteuid() == 0 and pool["pid"] == os.getpid():
                 with open(f"/proc/{pid}/status", "rb") as f:
-                    uids = next(line for line in f if line.startswith(b"Uid:")).split()[1:]
-                if any(int(u) in block for u in uids):
+                    status = f.read().decode()
+                uids = status.split("Uid:")[1].split()[:4]
+                zombie = status.split("State:")[1].split()[0] == "Z"  # dead, left to an init that reaps late
+                if not zombie and any(int(u) in block for u in uids):
                     found.append(int(pid))
             else:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"def install_audit_hook" in f.read():
                         found.append(int(pid))
-        except (OSError, ValueError, StopIteration):
+        except (OSError, ValueError, IndexError):
             pass
     return found

@@ -321,3 +321,15 @@ def test_forked_processes_draw_their_own_uid_blocks():
     os.close(read_fd)
     block = lambda u: (u - 1_000_000_000) // 1024  # noqa: E731
     assert block(child_uid) != block(uid)  # equal by chance: 1 in 900 000
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are drawn only as root")
+def test_a_uid_with_lingering_zombies_is_retired(monkeypatch):
+    uid = launch.acquire_uid()
+    monkeypatch.setattr(launch, "_processes_of", lambda u: ([], True))  # as under an init that reaps late
+    launch.release_uid(uid)
+    monkeypatch.undo()
+    assert uid not in launch._uid_pool["free"]
+    uid = launch.acquire_uid()
+    launch.release_uid(uid)
+    assert uid in launch._uid_pool["free"]

@@ -173,7 +173,7 @@ def _next_record(session: Session, tally: _Tally) -> dict | None:
 def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[bool, str]:
     if "error" in record:
         error = str(record["error"])[:300]
-        tally.memory |= error.startswith(("MemoryError", "RuntimeError: MemoryError"))
+        tally.memory |= error.startswith("MemoryError")
         tally.output_limit |= "[Errno 27]" in error
         return False, error
     if case.kind == "exec":

@@ -165,50 +165,55 @@ def layers(backend: str | None = None) -> tuple[str, ...]:
 
 def acquire_uid() -> int:
     with _uid_lock:
-        if _uid_pool["pid"] != os.getpid():
+        if _uid_pool["pid"] != os.getpid() or not _uid_pool["free"]:  # a new process, or all quarantined
             base = 1_000_000_000 + secrets.randbelow(900_000) * _UID_SLOTS
             _uid_pool.update(pid=os.getpid(), base=base, free=list(range(base + _UID_SLOTS - 1, base - 1, -1)))
-        if not _uid_pool["free"]:
-            raise RuntimeError(f"more than {_UID_SLOTS} concurrent sandboxes")
         uid = _uid_pool["free"].pop()
     kill_uid(uid)  # a previous trainer with the same block: nothing of it may survive into ours
     return uid
 
 
 def release_uid(uid: int) -> None:
-    kill_uid(uid)
+    """Kills what is left of the uid and frees it, unless zombies of it linger (an init that reaps
+    slowly): they would count against the next sandbox's RLIMIT_NPROC, so the uid is retired."""
+    if kill_uid(uid):
+        return
     with _uid_lock:
         if _uid_pool["pid"] == os.getpid():
             _uid_pool["free"].append(uid)
 
 
-def kill_uid(uid: int) -> int:
-    """SIGKILLs every process with `uid` as real, effective, saved or file uid; returns how many.
-    Repeats until none is left (a fork may race the scan; RLIMIT_NPROC bounds the race)."""
-    killed = 0
+def kill_uid(uid: int) -> bool:
+    """SIGKILLs every live process with `uid` as real, effective, saved or file uid, repeating
+    until none is left (a fork may race the scan; RLIMIT_NPROC bounds the race). Returns whether
+    zombies of the uid remain."""
     for _ in range(100):
-        found = [pid for pid in _pids() if _has_uid(pid, uid)]
-        if not found:
-            return killed
-        for pid in found:
+        live, zombies = _processes_of(uid)
+        if not live:
+            return zombies
+        for pid in live:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
             except (ProcessLookupError, PermissionError):
                 pass
-    return killed
+    return True
 
 
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _has_uid(pid: int, uid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return str(uid).encode() in line.split()[1:]
-    except OSError:
-        pass
-    return False
+def _processes_of(uid: int) -> tuple[list[int], bool]:
+    """Pids of the live processes with `uid` among their ids, and whether dead ones (zombies) too."""
+    live, zombies, wanted = [], False, str(uid).encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read(4096)
+        except OSError:
+            continue
+        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+        if wanted in fields.get(b"Uid", b"").split():
+            if fields.get(b"State", b"").strip().startswith(b"Z"):
+                zombies = True
+            else:
+                live.append(int(name))
+    return live, zombies

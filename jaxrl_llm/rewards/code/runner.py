@@ -132,7 +132,7 @@ def stdio(program, text, work, cfg):
     except BaseException as flush_error:
         error = error or describe(flush_error)
     if error is not None:
-        raise RuntimeError(error)
+        return {"error": error}
     os.lseek(1, 0, 0)
     data = os.read(1, cfg["max_output"] + 1)
     return {"stdout": data.decode("utf-8", "replace")}

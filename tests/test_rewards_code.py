@@ -1,6 +1,6 @@
 """`code_tests`: test formats, assert parsing, exact comparison, scoring and statuses.
 
-The sandbox's attack catalogue is in test_rewards_code_attacks.py.
+The attack catalogue: test_rewards_code_hacks.py (reward hacks) and test_rewards_code_harm.py (host harm).
 """
 
 import json

@@ -221,3 +221,13 @@ def test_large_answers_fit_the_reply_limit():
     code = "def f(n):\n    return list(range(n))"
     assert run_sandboxed(code, {"fn_name": "f", "inputs": [[200_000]], "outputs": [list(range(200_000))]},
                          timeout=10).status == "passed"  # fmt: skip
+
+
+def test_values_cross_the_sandbox_boundary_intact():
+    value = ['a"b\\c\n\x00\x1f\x7f é 😀', (1, -0.0, 1e300, 2**70), {1: {"k": None}, (2, 3): frozenset({True})},
+             {1.5, "s"}, [], {}]  # fmt: skip
+    code = f"def f():\n    return {value!r} + [float('-inf')]"
+    value.append(float("-inf"))
+    assert run_sandboxed(code, {"fn_name": "f", "inputs": [[]], "outputs": [value]}).status == "passed"
+    code = "def f(*args, **kwargs):\n    return [args, kwargs]"
+    assert run_sandboxed(code, ["assert f((1, 2), {3}, k={4: 5}) == [((1, 2), {3}), {'k': {4: 5}}]"]).status == "passed"

@@ -139,8 +139,7 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, float_toleranc
         return
     for index, case in enumerate(cases):
         if case.kind == "call":
-            name, args, kwargs = case.payload
-            request = {"i": index, "call": [name, values.encode(args), values.encode(kwargs)]}
+            request = {"i": index, "call": case.payload}  # (name, args, kwargs): plain, checked by parse_tests
         else:
             request = {"i": index, "stdin" if case.kind == "stdio" else "exec": case.payload}
         if not session.send(request):

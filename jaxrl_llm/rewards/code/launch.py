@@ -40,7 +40,10 @@ def _shared_libraries() -> dict[str, str] | None:
     ldd = shutil.which("ldd")
     if ldd is None:
         return None
-    files = [_PYTHON, *glob.glob(os.path.join(_STDLIB, "lib-dynload", "*.so"))]
+    # Not for _tkinter (a GUI, ~20 X11 libraries) or nis (a network directory): each bind mount
+    # costs sandbox start-up time, and neither can work in the sandbox anyway.
+    files = [_PYTHON, *(f for f in glob.glob(os.path.join(_STDLIB, "lib-dynload", "*.so"))
+                        if not os.path.basename(f).startswith(("_tkinter.", "nis.")))]  # fmt: skip
     try:
         listing = subprocess.run([ldd, *files], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -168,9 +171,7 @@ def acquire_uid() -> int:
         if _uid_pool["pid"] != os.getpid() or not _uid_pool["free"]:  # a new process, or all quarantined
             base = 1_000_000_000 + secrets.randbelow(900_000) * _UID_SLOTS
             _uid_pool.update(pid=os.getpid(), base=base, free=list(range(base + _UID_SLOTS - 1, base - 1, -1)))
-        uid = _uid_pool["free"].pop()
-    kill_uid(uid)  # a previous trainer with the same block: nothing of it may survive into ours
-    return uid
+        return _uid_pool["free"].pop()  # clean: killed at release; blocks of other processes differ
 
 
 def release_uid(uid: int) -> None:
@@ -210,10 +211,11 @@ def _processes_of(uid: int) -> tuple[list[int], bool]:
                 status = f.read(4096)
         except OSError:
             continue
-        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
-        if wanted in fields.get(b"Uid", b"").split():
-            if fields.get(b"State", b"").strip().startswith(b"Z"):
-                zombies = True
-            else:
-                live.append(int(name))
+        uid_at, state_at = status.find(b"\nUid:"), status.find(b"\nState:")
+        if uid_at < 0 or wanted not in status[uid_at + 5 : status.find(b"\n", uid_at + 1)].split():
+            continue
+        if status[state_at + 7 : state_at + 16].strip().startswith(b"Z"):
+            zombies = True
+        else:
+            live.append(int(name))
     return live, zombies

@@ -1,10 +1,11 @@
 """The program that runs inside the sandbox: `python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`.
 
 It is trusted only until the solution starts. Before that it reads its configuration (the first
-line on the request pipe), applies the rlimits, drops to the sandbox's own uid when started as root
-and installs the audit hook. Then it answers one request line at a time with one reply line:
+message on the request pipe), applies the rlimits, drops to the sandbox's own uid when started as root
+and installs the audit hook. Then it answers one request at a time (a 4-byte length and a
+`marshal` dump: the judge is its only writer) with one JSON reply line:
 
-  {"i": k, "call": [name, args, kwargs]} -> {"i": k, "value": <values.encode(result)>}
+  {"i": k, "call": (name, args, kwargs)} -> {"i": k, "value": <values.encode(result)>}
   {"i": k, "stdin": text}                -> {"i": k, "stdout": text}   (program re-run, fresh globals)
   {"i": k, "exec": source}               -> {"i": k, "ok": true}       (unsafe_asserts only)
   any failure                            -> {"i": k, "error": "TypeName: first line"}
@@ -18,19 +19,49 @@ import inspect
 from jaxrl_llm.rewards.code import audit, values
 
 _MAIN = r'''
-import builtins, io, json, os, resource, sys, types
+import builtins, marshal, os, resource, sys
+
+# JSON out without the json module, whose import (re, enum, ...) would double the start-up time.
+# Only what `encode` produces reaches it: None, bool, int, finite float, str, list, str-keyed dict.
+_ESCAPES = {c: "\\u%04x" % c for c in range(32)}
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+def dump(value):
+    kind = type(value)
+    if value is None or kind is bool:
+        return "null" if value is None else "true" if value else "false"
+    if kind is int or kind is float:
+        return repr(value) if kind is float else str(value)
+    if kind is str:
+        return '"' + value.translate(_ESCAPES) + '"'
+    if kind is list:
+        return "[" + ",".join(map(dump, value)) + "]"
+    return "{" + ",".join(dump(k) + ":" + dump(v) for k, v in value.items()) + "}"
+
+def read_message(fd):
+    # One request: a 4-byte length, then a marshal dump. marshal is safe here: only the judge writes it.
+    header = read_exact(fd, 4)
+    return None if header is None else marshal.loads(read_exact(fd, int.from_bytes(header, "little")))
+
+def read_exact(fd, size):
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 def main():
-    requests = os.fdopen(int(sys.argv[1]), "rb", buffering=1 << 16)
-    reply_fd = int(sys.argv[2])
-    dumps = json.dumps
+    request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
 
     def reply(record):
-        data = (dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+        data = (dump(record) + "\n").encode("utf-8", "replace")
         while data:
             data = data[os.write(reply_fd, data):]
 
-    cfg = json.loads(requests.readline())
+    cfg = read_message(request_fd)
     work = cfg["workdir"]
     try:
         null = os.open(os.devnull, os.O_RDONLY)
@@ -54,18 +85,21 @@ def main():
     except BaseException as error:
         reply({"ready": False, "error": describe(error)})
         return
-    module = types.ModuleType("solution")
+    module = type(sys)("solution")  # a module (dataclasses look it up in sys.modules), no import
+    namespace = module.__dict__
     if cfg["load_module"]:
         sys.modules["solution"] = module
-        error = run_program(program, module.__dict__)
+        error = run_program(program, namespace)
         if error is not None:
             reply({"ready": False, "error": error})
             return
     reply({"ready": True})
-    handlers = {"call": lambda p: call(module.__dict__, *p), "stdin": lambda p: stdio(program, p, work, cfg),
-                "exec": lambda p: run_exec(p, module.__dict__)}
-    for line in requests:
-        request = json.loads(line)
+    handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg),
+                "exec": lambda p: run_exec(p, namespace)}
+    while True:
+        request = read_message(request_fd)
+        if request is None:
+            return
         (kind, payload), = [(k, v) for k, v in request.items() if k != "i"]
         try:
             record = handlers[kind](payload)
@@ -98,7 +132,7 @@ def call(namespace, name, args, kwargs):
         fn = getattr(namespace["Solution"](), name, None)
     if not callable(fn):
         raise NameError("the solution defines no function %r" % name)
-    result = fn(*decode(args), **decode(kwargs))
+    result = fn(*args, **kwargs)
     return {"value": encode(result)}
 
 def run_exec(source, namespace):
@@ -180,4 +214,4 @@ finally:
     os._exit(0)
 '''
 
-SOURCE = "\n".join([inspect.getsource(values.encode), inspect.getsource(values.decode), audit.SOURCE, _MAIN])
+SOURCE = "\n".join([inspect.getsource(values.encode), audit.SOURCE, _MAIN])

@@ -231,3 +231,25 @@ def test_values_cross_the_sandbox_boundary_intact():
     assert run_sandboxed(code, {"fn_name": "f", "inputs": [[]], "outputs": [value]}).status == "passed"
     code = "def f(*args, **kwargs):\n    return [args, kwargs]"
     assert run_sandboxed(code, ["assert f((1, 2), {3}, k={4: 5}) == [((1, 2), {3}), {'k': {4: 5}}]"]).status == "passed"
+
+
+def test_humaneval_style_check_functions():
+    tests = textwrap.dedent(
+        '''
+        METADATA = {"author": "x", "dataset": "test"}
+
+        def check(candidate):
+            """Docstrings are fine."""
+            assert candidate(1, 2) == 3
+            assert abs(candidate(0.1, 0.2) - 0.3) < 1e-6
+
+        check(add)
+        '''
+    )
+    cases = parse_tests(tests)
+    assert [c.payload[0] for c in cases] == ["add", "add"] and cases[1].check == "abs_lt"
+    assert run_sandboxed(ADD, tests).status == "passed"
+    with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
+        parse_tests("def check(candidate):\n    assert candidate(1) == 1")
+    with pytest.raises(ValueError, match="unsupported test statement"):
+        parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x\ncheck(f)")

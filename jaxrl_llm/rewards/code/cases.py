@@ -10,7 +10,9 @@ A row's `tests` is one of:
     assert f(args)   (== True)       assert not f(args)   (== False)
     assert math.isclose(f(args), literal[, rel_tol=, abs_tol=])
     assert abs(f(args) - literal) < eps   (or <=)
-  where args are literals (keywords too) and f a plain name or `Solution().method`. Any other form
+  where args are literals (keywords too) and f a plain name or `Solution().method`; the asserts
+  of a HumanEval-style `def check(candidate): ...` count where `check(f)` is called, and constant
+  assignments (`METADATA = ...`) are skipped. Any other form
   is refused with a ValueError, unless `unsafe_asserts=True`: then it runs as Python inside the
   sandbox, where the solution can forge its outcome (documented as hackable).
 """
@@ -18,6 +20,7 @@ A row's `tests` is one of:
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import json
 import re
@@ -56,7 +59,7 @@ def parse_tests(tests, *, unsafe_asserts: bool = False) -> list[Case]:
             tree = ast.parse(tests)
         except SyntaxError as e:
             raise ValueError(f"tests is not valid Python: {e.msg} (line {e.lineno})") from e
-        return [c for node in tree.body for c in _statement_cases(node, unsafe_asserts)]
+        return _source_cases(tree, unsafe_asserts)
     if not isinstance(tests, Sequence) or not all(isinstance(t, str) for t in tests):
         raise ValueError(f"tests must be a dict, a string or a list of strings, got {type(tests).__name__}")
     cases = []
@@ -98,6 +101,72 @@ def _check_plain(value, field: str) -> None:
         values.encode(value)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{field} is not a plain value: {e}") from e
+
+
+def _source_cases(tree: ast.Module, unsafe: bool) -> list[Case]:
+    """Top-level statements in order; HumanEval-style `def check(candidate): assert ...` followed
+    by `check(f)` becomes the check's asserts with `candidate` replaced by `f`, and constant
+    assignments (`METADATA = {...}`) are skipped."""
+    templates, called, cases = {}, set(), []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and _is_template(node):
+            templates[node.name] = node
+        elif (name := _template_call(node, templates)) is not None:
+            called.add(name)
+            template, fn = templates[name], node.value.args[0].id
+            param = template.args.args[0].arg
+            cases += [_statement_cases(_Rename(param, fn).visit(stmt), unsafe)[0] for stmt in _asserts(template)]
+        elif not (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
+                  and _is_literal(node.value)):  # fmt: skip
+            cases += _statement_cases(node, unsafe)
+    if set(templates) - called:
+        name = sorted(set(templates) - called)[0]
+        raise ValueError(f"tests define {name}(...) but never call it: add `{name}(<the function to test>)`")
+    return cases
+
+
+def _is_template(node: ast.FunctionDef) -> bool:
+    args = node.args
+    return (len(args.args) == 1 and not (args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs)
+            and not node.decorator_list and bool(_asserts(node))
+            and all(isinstance(s, ast.Assert) or _is_docstring(s) for s in node.body))  # fmt: skip
+
+
+def _asserts(node: ast.FunctionDef) -> list[ast.Assert]:
+    return [s for s in node.body if isinstance(s, ast.Assert)]
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _template_call(node: ast.stmt, templates: dict) -> str | None:
+    call = node.value if isinstance(node, ast.Expr) else None
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in templates
+            and len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Name)):  # fmt: skip
+        return call.func.id
+    return None
+
+
+def _is_literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+class _Rename(ast.NodeTransformer):
+    """`candidate(...)` -> `f(...)` in a copy of a check's assert."""
+
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
+
+    def visit(self, node):
+        return super().visit(copy.deepcopy(node)) if isinstance(node, ast.Assert) else super().visit(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
 
 
 def _statement_cases(node: ast.stmt, unsafe: bool) -> list[Case]:

@@ -253,3 +253,13 @@ def test_humaneval_style_check_functions():
         parse_tests("def check(candidate):\n    assert candidate(1) == 1")
     with pytest.raises(ValueError, match="unsupported test statement"):
         parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x\ncheck(f)")
+
+
+def test_any_refused_operation_scores_zero_even_when_caught():
+    code = ADD + "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9))\nexcept OSError:\n    pass"
+    result = run_sandboxed(code, ["assert add(1, 1) == 2"], timeout=5)
+    assert (result.status, result.passed, result.score) == ("blocked", 1, 0.0)
+    assert result.reason.startswith("refused by the sandbox: socket.")
+    code = "import socket\ntry:\n    socket.socket()\nexcept OSError:\n    pass\nprint(3)"
+    result = run_sandboxed(code, {"inputs": [""], "outputs": ["3"]}, timeout=5)
+    assert result.status == "blocked" and result.score == 0.0 and len(result.blocked) == 1

@@ -5,6 +5,7 @@ achieved on stdout as JSON and the test checks that and the host itself. Under C
 bwrap fails these tests instead of skipping them."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -333,3 +334,38 @@ def test_a_uid_with_lingering_zombies_is_retired(monkeypatch):
     uid = launch.acquire_uid()
     launch.release_uid(uid)
     assert uid in launch._uid_pool["free"]
+
+
+@pytest.fixture
+def host_dir():
+    """A world-writable directory under /tmp (where only the audit hook stops the fallback's writes)
+    and a root-owned world-readable file."""
+    base = tempfile.mkdtemp(prefix="jaxrl_test_host_")
+    os.chmod(base, 0o755)
+    shared = os.path.join(base, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    private = os.path.join(base, "private.txt")
+    with open(private, "w") as f:
+        f.write("original")
+    yield shared, private
+    shutil.rmtree(base)
+
+
+def test_fallback_audit_hook_refuses_writes_outside_its_directory(host_dir):
+    shared, private = host_dir
+    attacks = [
+        f"open({shared + '/planted'!r}, 'w').write('x')",
+        f"import os\nos.close(os.open({shared + '/planted2'!r}, os.O_CREAT | os.O_WRONLY))",
+        f"open({private!r}, 'a').write('x')",
+        f"import os\nos.remove({private!r})",
+        f"import os\nos.symlink({shared!r}, 'link')\nopen('link/planted3', 'w').write('x')",
+        f"import os\nfd = os.open({shared!r}, os.O_RDONLY)\nos.open('planted4', os.O_CREAT | os.O_WRONLY, dir_fd=fd)",
+        "open('../../escape.txt', 'w').write('x')",
+    ]
+    for code in attacks:
+        result = judge(code + "\ndef add(a, b):\n    return a + b", parse_tests(ADD_TESTS), backend="fallback", timeout=5)
+        assert result.status == "blocked" and result.score == 0.0, (code, result)
+    assert os.listdir(shared) == []
+    with open(private) as f:
+        assert f.read() == "original"

@@ -159,14 +159,20 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, float_toleranc
 
 
 def _next_record(session: Session, tally: _Tally) -> dict | None:
-    line = session.receive()
-    if line is None:
-        return None
-    try:
-        return values.parse_line(line)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        tally.protocol = f"unreadable reply ({type(e).__name__})"
-        return None
+    """The next reply; refusals reported by the audit hook on the way are collected (they can only
+    lower the score, so a forged one harms only its author)."""
+    while True:
+        line = session.receive()
+        if line is None:
+            return None
+        try:
+            record = values.parse_line(line)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            tally.protocol = f"unreadable reply ({type(e).__name__})"
+            return None
+        if "blocked" not in record:
+            return record
+        session.blocked.append(str(record["blocked"])[:300])
 
 
 def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[bool, str]:

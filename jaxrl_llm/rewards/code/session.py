@@ -8,7 +8,6 @@ process of the sandbox's uid) before its temporary directory is removed.
 
 from __future__ import annotations
 
-import json
 import marshal
 import math
 import os
@@ -110,17 +109,14 @@ class Session:
         return True
 
     def receive(self):
-        """The next reply line as bytes (blocked-event lines are collected, not returned); None at
-        EOF, past the deadline (sets `timed_out`) or for an over-long line (sets `oversized`)."""
+        """The next reply line as bytes; None at EOF, past the deadline (sets `timed_out`) or for an
+        over-long line (sets `oversized`)."""
         while True:
             newline = self._buffer.find(b"\n", self._scanned)
             if newline >= 0:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
                 self._scanned = 0
-                if line.startswith(b'{"blocked": '):
-                    self._note_blocked(line)
-                    continue
                 return line
             self._scanned = len(self._buffer)  # search only new bytes next time: linear in the line
             if len(self._buffer) > self.max_reply:
@@ -142,13 +138,6 @@ class Session:
             self._buffer += chunk
 
     oversized = False
-
-    def _note_blocked(self, line: bytes) -> None:
-        try:
-            detail = json.loads(line)["blocked"]
-        except (ValueError, KeyError, TypeError):
-            detail = "unreadable refusal"
-        self.blocked.append(str(detail)[:300])
 
     def close(self) -> tuple[int | None, str, str]:
         """Ends the sandbox (grace: until the deadline, at most 1 s, for a clean exit after the

@@ -4,6 +4,7 @@ The attack catalogue: test_rewards_code_hacks.py (reward hacks) and test_rewards
 """
 
 import json
+import os
 import textwrap
 import time
 
@@ -263,3 +264,20 @@ def test_any_refused_operation_scores_zero_even_when_caught():
     code = "import socket\ntry:\n    socket.socket()\nexcept OSError:\n    pass\nprint(3)"
     result = run_sandboxed(code, {"inputs": [""], "outputs": ["3"]}, timeout=5)
     assert result.status == "blocked" and result.score == 0.0 and len(result.blocked) == 1
+
+
+def test_limits_statuses_and_cleanup(tmp_path, monkeypatch):
+    code = "import time\ndef add(a, b):\n    if a == 2:\n        time.sleep(60)\n    return a + b"
+    start = time.monotonic()
+    result = run_sandboxed(code, ["assert add(1, 1) == 2", "assert add(2, 2) == 4"], timeout=1)
+    assert result.status == "timeout" and result.reason == "wall-clock limit of 1 s exceeded"
+    assert (result.passed, result.total, result.score) == (1, 2, 0.5)  # the case answered in time counts
+    assert time.monotonic() - start < 4
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    result = run_sandboxed(spin, ["assert f() == 1"], timeout=10, cpu_time=1)  # killed at the hard limit, 2 s
+    assert result.status == "cpu_limit" and "SIGKILL" in result.reason
+    result = run_sandboxed("import ctypes", ["assert f() == 1"])
+    assert result.status == "blocked" and "ctypes" in result.reason
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    result = run_sandboxed("import os\nos.chmod('.', 0o500)\nopen('x', 'w')", ["assert f() == 1"], timeout=3)
+    assert result.score == 0.0 and os.listdir(tmp_path) == []  # the judge's files are all removed

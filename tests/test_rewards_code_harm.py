@@ -369,3 +369,10 @@ def test_fallback_audit_hook_refuses_writes_outside_its_directory(host_dir):
     assert os.listdir(shared) == []
     with open(private) as f:
         assert f.read() == "original"
+
+
+def test_fallback_environment_is_clean(monkeypatch):
+    monkeypatch.setenv("JAXRL_TEST_SECRET", "hunter2")
+    code = "import os\nprint(sorted(os.environ))"
+    result = judge(code, [], backend="fallback", timeout=5)
+    assert result.status == "passed" and eval(result.stdout) == ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]

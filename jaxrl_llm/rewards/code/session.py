@@ -1,4 +1,4 @@
-"""One sandbox process from the judge's side: start it, exchange lines under a deadline, end it.
+"""One sandbox process from the judge's side: start it, exchange messages under a deadline, end it.
 
 The judge is the only trusted party. It writes requests (inputs only) to one pipe and reads replies
 from another, at most `max_reply` bytes a line, never past the deadline; when it is done, or the
@@ -27,8 +27,8 @@ _SANDBOX_NPROC = 16  # processes + threads of one sandbox uid (as root); 0 when 
 
 
 class Session:
-    """A started sandbox. `send(record)`, `receive(deadline)` (a dict, or None at EOF/deadline with
-    `self.timed_out` set), `close()` -> (returncode, stdout head, stderr head)."""
+    """A started sandbox: `send(record)` one request, `receive()` one reply line (bytes, or None at
+    EOF, past the deadline, or too long), `close()` -> (returncode, stdout head, stderr head)."""
 
     def __init__(self, code, *, backend, load_module, timeout, memory_mb, cpu_time, file_size_mb, disk_mb, audit_on,
                  max_reply):  # fmt: skip

@@ -376,3 +376,8 @@ def test_fallback_environment_is_clean(monkeypatch):
     code = "import os\nprint(sorted(os.environ))"
     result = judge(code, [], backend="fallback", timeout=5)
     assert result.status == "passed" and eval(result.stdout) == ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]
+
+
+def test_fallback_hook_removes_memfd_create():
+    result = judge("import os\nos.memfd_create('x')", [], backend="fallback", timeout=5)
+    assert result.status == "failed" and "has no attribute 'memfd_create'" in result.reason

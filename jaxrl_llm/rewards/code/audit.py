@@ -109,7 +109,8 @@ def install_audit_hook(cfg, work, private, report):
 
     sys.addaudithook(hook)
     import posix
-    for name in ("mknod", "mkfifo"):  # they create files without raising any audit event
+    # They create files, or anonymous shared memory, without raising any audit event.
+    for name in ("mknod", "mkfifo", "memfd_create"):
         os.__dict__.pop(name, None)
         posix.__dict__.pop(name, None)
 '''

@@ -169,7 +169,7 @@ def test_threads_work_where_each_sandbox_has_its_own_uid():
 
     code = "import threading, sys\nsys.setrecursionlimit(10000)\nt = threading.Thread(target=lambda: print(3))\nt.start(); t.join()"
     result = run_sandboxed(code, {"inputs": [""], "outputs": ["3"]}, timeout=5)
-    expected = "passed" if "distinct_uid" in sandbox_layers() else "error"
+    expected = "passed" if {"bwrap", "distinct_uid"} <= set(sandbox_layers()) else "error"
     assert result.status == expected or (expected == "error" and result.score == 0.0), result
 
 

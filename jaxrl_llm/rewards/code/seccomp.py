@@ -5,7 +5,9 @@ calls that escape the memory limit or widen the kernel surface, which namespaces
 cover: `memfd_create` (anonymous shared memory that RLIMIT_AS does not count until mapped), user
 and other namespaces (a new user namespace could mount its own unbounded tmpfs), keyrings, BPF,
 perf, userfaultfd, io_uring, ptrace and cross-process memory access, module and mount calls.
-`clone3` answers ENOSYS so the C library falls back to `clone`, whose flags the filter can read;
+New processes are refused too (`fork`, `vfork`, `clone` without CLONE_THREAD): threads share one
+address space, hence one RLIMIT_AS, but each process would have its own, multiplying the memory
+limit. `clone3` answers ENOSYS so the C library falls back to `clone`, whose flags the filter reads;
 any foreign architecture (32-bit or x32 system calls) is refused outright.
 """
 
@@ -18,7 +20,7 @@ import struct
 # (audit arch, {name: number}) for the architectures we know the numbers of.
 _ARCHES = {
     "x86_64": (0xC000003E, {
-        "memfd_create": 319, "memfd_secret": 447, "unshare": 272, "setns": 308, "clone": 56, "clone3": 435,
+        "fork": 57, "vfork": 58, "memfd_create": 319, "memfd_secret": 447, "unshare": 272, "setns": 308, "clone": 56, "clone3": 435,
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
         "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
         "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
@@ -38,6 +40,7 @@ _ARCHES = {
 }  # fmt: skip
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 _CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
+_CLONE_THREAD = 0x00010000
 _X32_BIT = 0x40000000
 
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -55,31 +58,23 @@ def program() -> bytes:
     """The filter as packed `struct sock_filter` records, for bubblewrap's --seccomp."""
     arch, numbers = _ARCHES[platform.machine()]
     denied = sorted(v for k, v in numbers.items() if k not in ("clone", "clone3"))
-    # Instructions as (code, jt, jf, k); jumps are relative, so build the tail first.
+    # The tail, where the checks jump to (relative jumps count from the next instruction).
+    allow, clone_flags, enosys, eperm, kill = 0, 1, 5, 6, 7
     tail = [
-        (_RET, 0, 0, _ALLOW),  # T+0
-        (_LD_W_ABS, 0, 0, _ARG0_LOW),  # T+1: clone: look at its flags
-        (_JSET, 2, 0, _CLONE_NAMESPACES),  # T+2: -> EPERM
-        (_RET, 0, 0, _ALLOW),  # T+3
-        (_RET, 0, 0, _ERRNO | errno.ENOSYS),  # T+4: clone3
-        (_RET, 0, 0, _ERRNO | errno.EPERM),  # T+5
-        (_RET, 0, 0, _KILL),  # T+6: foreign architecture
+        (_RET, 0, 0, _ALLOW),  # allow
+        (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone_flags: look at clone's flags
+        (_JSET, eperm - 2 - 1, 0, _CLONE_NAMESPACES),  # a new namespace: EPERM
+        (_JSET, 0, eperm - 3 - 1, _CLONE_THREAD),  # a thread: on to ALLOW; a process (fork): EPERM
+        (_RET, 0, 0, _ALLOW),
+        (_RET, 0, 0, _ERRNO | errno.ENOSYS),  # enosys: clone3, so the C library uses clone
+        (_RET, 0, 0, _ERRNO | errno.EPERM),  # eperm
+        (_RET, 0, 0, _KILL),  # kill: a foreign architecture
     ]
-    body = [(_JEQ, 0, 0, n) for n in denied]
-    checks = [(_JGE, 0, 0, _X32_BIT), (_JEQ, 0, 0, numbers["clone"]), (_JEQ, 0, 0, numbers["clone3"])] + body
-    head = [(_LD_W_ABS, 0, 0, _ARCH), (_JEQ, 0, 0, arch), (_LD_W_ABS, 0, 0, _NR)]
-    code = head + checks + tail
+    checks = [(_JGE, _X32_BIT, eperm), (_JEQ, numbers["clone"], clone_flags), (_JEQ, numbers["clone3"], enosys)]
+    checks += [(_JEQ, n, eperm) for n in denied]
+    head = [(_LD_W_ABS, 0, 0, _ARCH), (_JEQ, 0, len(checks) + 1 + kill, arch), (_LD_W_ABS, 0, 0, _NR)]
     tail_at = len(head) + len(checks)
-    out = []
-    for index, (op, jt, jf, k) in enumerate(code):
-        def to(target):  # a relative jump from the next instruction
-            return tail_at + target - index - 1
-
-        if index == 1:
-            jt, jf = 0, to(6)  # architecture matches: go on; else kill
-        elif len(head) <= index < tail_at:
-            check = index - len(head)
-            target = {0: 5, 1: 1, 2: 4}.get(check, 5)  # x32 -> EPERM, clone -> flags, clone3 -> ENOSYS
-            jt, jf = to(target), 0
-        out.append(struct.pack("<HBBI", op, jt, jf, k))
-    return b"".join(out)
+    code = head + [(op, tail_at + target - (len(head) + i) - 1, 0, k) for i, (op, k, target) in enumerate(checks)]
+    code += tail
+    assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in code)
+    return b"".join(struct.pack("<HBBI", op, jt, jf, k) for op, jt, jf, k in code)

@@ -23,7 +23,7 @@ from jaxrl_llm.rewards.code import audit, launch, runner, seccomp
 
 _OUTPUT_CHARS = 4096
 _MAX_OPEN_FILES = 64
-_SANDBOX_NPROC = 16  # processes + threads of one sandbox uid (as root); 0 when the uid is shared
+_SANDBOX_NPROC = 16  # threads of one sandbox (bubblewrap, as root); 0 otherwise
 
 
 class Session:
@@ -49,7 +49,9 @@ class Session:
 
     def _start(self, code, backend, load_module, memory_mb, cpu, file_size_mb, disk_mb, audit_on):
         os.chmod(self._root, 0o711)  # the child's stdout/stderr files live here, closed to it by path
-        nproc = _SANDBOX_NPROC if self._uid is not None else 0
+        # Threads need RLIMIT_NPROC > 0. Only with bubblewrap, where seccomp refuses new processes
+        # (each would get its own RLIMIT_AS), and a uid of its own, is it safe to allow them.
+        nproc = _SANDBOX_NPROC if self._uid is not None and backend == "bwrap" else 0
         limits = [("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_AS", memory_mb << 20, memory_mb << 20),
                   ("RLIMIT_FSIZE", file_size_mb << 20, file_size_mb << 20), ("RLIMIT_CORE", 0, 0),
                   ("RLIMIT_NOFILE", _MAX_OPEN_FILES, _MAX_OPEN_FILES), ("RLIMIT_NPROC", nproc, nproc),

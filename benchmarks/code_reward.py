@@ -5,7 +5,7 @@ The problem: read n and n integers, print their sum and maximum; 10 cases of 100
 sandbox has no stdin/stdout format, so its rows call the same program's `solve()` from assert
 tests with sys.stdin/sys.stdout swapped (what a dataset had to do before).
 
-    python benchmarks/code_reward.py [--batch 256] [--workers N] [--old-rev main]
+    python benchmarks/code_reward.py [--batch 256] [--workers N] [--rounds 3] [--old-rev main]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -76,19 +77,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3, help="before/after alternate, so load drifts hit both")
     parser.add_argument("--old-rev", default="main")
     args = parser.parse_args()
     cases = make_cases()
     completions = [SOLUTION] * args.batch
     old = load_old(args.old_rev)
-    before, old_scores = measure(old.run_code_tests, completions, [old_tests(cases)] * args.batch, args.workers)
-    after, new_scores = measure(run_code_tests, completions, [cases] * args.batch, args.workers)
-    assert set(old_scores) == {1.0} and set(new_scores) == {1.0}, (set(old_scores), set(new_scores))
-    print(f"batch {args.batch}, {args.workers} workers, {os.cpu_count()} CPUs, 10 stdin/stdout cases per completion")
+    runs = {"before": [], "after": []}
+    for _ in range(args.rounds):
+        rate, scores = measure(old.run_code_tests, completions, [old_tests(cases)] * args.batch, args.workers)
+        assert set(scores) == {1.0}, set(scores)
+        runs["before"].append(rate)
+        rate, scores = measure(run_code_tests, completions, [cases] * args.batch, args.workers)
+        assert set(scores) == {1.0}, set(scores)
+        runs["after"].append(rate)
+    print(f"batch {args.batch}, {args.workers} workers, {os.cpu_count()} CPUs, 10 stdin/stdout cases per completion, "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"layers after: {', '.join(sandbox_layers())}")
-    print(f"{'':8}{'completions/s':>15}")
-    print(f"{'before':8}{before:>15.1f}   ({args.old_rev}: one process, tests run in the solution's interpreter)")
-    print(f"{'after':8}{after:>15.1f}   (this tree: judged outside the sandbox)")
+    print(f"{'':8}{'completions/s (median)':>24}   rounds")
+    notes = {"before": f"{args.old_rev}: one process, tests run in the solution's interpreter",
+             "after": "this tree: judged outside the sandbox"}  # fmt: skip
+    for name, rates in runs.items():
+        listed = ", ".join(f"{r:.1f}" for r in rates)
+        print(f"{name:8}{statistics.median(rates):>24.1f}   {listed}   ({notes[name]})")
 
 
 if __name__ == "__main__":

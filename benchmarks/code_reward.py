@@ -1,11 +1,11 @@
 """Throughput of the `code_tests` reward: completions/s on a typical stdin/stdout problem, before
-(the sandbox on `main`, loaded from git) and after (this tree), side by side.
+(the single-process sandbox at OLD_REV, loaded from git) and after (this tree), side by side.
 
 The problem: read n and n integers, print their sum and maximum; 10 cases of 1000 numbers. The old
 sandbox has no stdin/stdout format, so its rows call the same program's `solve()` from assert
 tests with sys.stdin/sys.stdout swapped (what a dataset had to do before).
 
-    python benchmarks/code_reward.py [--batch 256] [--workers N] [--rounds 3] [--old-rev main]
+    python benchmarks/code_reward.py [--batch 256] [--workers N] [--rounds 3] [--old-rev REV]
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_llm.rewards.code import run_code_tests, sandbox_layers  # noqa: E402
+
+# The last commit with the single-process sandbox (jaxrl_llm/rewards/code.py), before the judge.
+OLD_REV = "6a930c7b243f1e1ca087df24074131b73c25a1dc"
 
 SOLUTION = """```python
 import sys
@@ -78,7 +81,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3, help="before/after alternate, so load drifts hit both")
-    parser.add_argument("--old-rev", default="main")
+    parser.add_argument("--old-rev", default=OLD_REV)
     args = parser.parse_args()
     cases = make_cases()
     completions = [SOLUTION] * args.batch
@@ -95,7 +98,7 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"layers after: {', '.join(sandbox_layers())}")
     print(f"{'':8}{'completions/s (median)':>24}   rounds")
-    notes = {"before": f"{args.old_rev}: one process, tests run in the solution's interpreter",
+    notes = {"before": f"{args.old_rev[:10]}: one process, tests run in the solution's interpreter",
              "after": "this tree: judged outside the sandbox"}  # fmt: skip
     for name, rates in runs.items():
         listed = ", ".join(f"{r:.1f}" for r in rates)

@@ -1,62 +1,98 @@
-"""`code_tests` and its sandbox: test schema, code extraction, and each attack from the issue.
+"""`code_tests`: test formats, assert parsing, exact comparison, scoring and statuses.
 
-Every attack runs with short limits; each must score 0 with a reason, end within its time limit and
-leave the host untouched. Defence in depth: the `_run(..., audit=False)` cases check that the
-layers under the audit hook (uid drop, RLIMIT_NPROC, network namespace) hold on their own.
+The attack catalogue: test_rewards_code_hacks.py (reward hacks) and test_rewards_code_harm.py (host harm).
 """
 
+import json
 import os
-import shutil
-import socket
-import stat
-import tempfile
 import textwrap
 import time
 
 import pytest
 
 from jaxrl_llm.rewards import get_reward_fn
-from jaxrl_llm.rewards import code as sandbox
-from jaxrl_llm.rewards.code import code_tests, extract_code, parse_tests, run_code_tests, run_sandboxed
+from jaxrl_llm.rewards.code import Case, code_tests, extract_code, parse_tests, run_code_tests, run_sandboxed, values
 
-IS_ROOT = os.geteuid() == 0
-LAYERS = sandbox.sandbox_layers()
 ADD = "def add(a, b):\n    return a + b\n"
+SUM_STDIN = "a, b = map(int, input().split())\nprint(a + b)\n"
 
 
-def _bare(code, timeout=3.0):
-    """The sandbox without its audit hook: what the OS-level layers alone allow."""
-    return sandbox._run(code, [], timeout=timeout, memory_mb=256, cpu_time=None, file_size_mb=1, audit=False)
+# ----------------------------------------------------------------------------- formats
 
 
-# ----------------------------------------------------------------------------- schema and extraction
-
-
-def test_parse_tests_schema():
-    asserts = ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]
-    assert parse_tests(asserts) == [("test", a) for a in asserts]
+def test_assert_forms_become_function_call_cases():
     source = textwrap.dedent(
         """
-        import functools
-
-        @functools.cache
-        def expected(a, b):
-            return a + b
-        assert add(1, 2) == expected(1, 2); assert add(2, 2) == 4
-        check = lambda f: f(0, 0) == 0
+        import math
+        assert add(1, 2) == 3; assert 3 == add(2, 1)
+        assert add(1, b=2) != 4
+        assert find([1], 2) is None
+        assert add(1, 1) in (2, 3)
+        assert math.isclose(add(0.1, 0.2), 0.3, rel_tol=1e-6)
+        assert abs(add(0.1, 0.2) - 0.3) < 1e-9
+        assert is_even(2)
+        assert not is_even(3)
+        assert Solution().twoSum([2, 7], 9) == [0, 1]
         """
     )
-    units = parse_tests(source)
-    assert [kind for kind, _ in units] == ["setup", "setup", "test", "test", "setup"]
-    assert units[1][1].startswith("@functools.cache")  # decorators are kept
-    assert parse_tests("check(add)") == [("test", "check(add)")]  # no assert: one all-or-nothing test
+    cases = parse_tests(source)
+    assert [(c.payload[0], c.check) for c in cases] == [
+        ("add", "eq"), ("add", "eq"), ("add", "ne"), ("find", "eq"), ("add", "in"), ("add", "isclose"),
+        ("add", "abs_lt"), ("is_even", "eq"), ("is_even", "eq"), ("twoSum", "eq"),
+    ]  # fmt: skip
+    assert cases[2].payload == ("add", [1], {"b": 2}) and cases[2].expected == 4
+    assert cases[5].rel_tol == 1e-6 and cases[6].abs_tol == 1e-9
+    assert (cases[7].expected, cases[8].expected) == (True, False)
+    assert parse_tests(["assert add(1, 2) == 3"]) == [Case("call", ("add", [1, 2], {}), 3)]
     assert parse_tests("") == [] and parse_tests([]) == []
+
+
+@pytest.mark.parametrize(
+    "test, message",
+    [
+        ("assert add(1, 2) + 1 == 4", "unsupported assert form|must be a call"),
+        ("assert add(x, 2) == 3", "'x' is not a literal"),
+        ("assert add(1, 2) == expected(1, 2)", "is not a literal"),
+        ("check(add)", "unsupported test statement 'check\\(add\\)'"),
+        ("def helper():\n    pass", "unsupported test statement"),
+        ("assert add(*[1, 2]) == 3", r"\*args/\*\*kwargs are not supported"),
+        ("assert add(1, 2) == 1j", "is not a plain value"),
+    ],
+)
+def test_unsupported_asserts_are_refused_with_a_clear_error(test, message):
+    with pytest.raises(ValueError, match=message):
+        parse_tests(test)
+    with pytest.raises(ValueError, match=r"tests\[0\]: "):
+        parse_tests([test])
+
+
+def test_dict_formats_and_their_errors():
+    assert parse_tests({"inputs": ["1 2\n"], "outputs": ["3\n"]}) == [Case("stdio", "1 2\n", "3\n")]
+    calls = {"fn_name": "add", "inputs": [[1, 2], [[1], [2]]], "outputs": [3, [1, 2]]}
+    assert parse_tests(calls)[1] == Case("call", ("add", [[1], [2]], {}), [1, 2])
+    assert parse_tests(json.dumps(calls)) == parse_tests(calls)  # the JSON text of a dataset column
+    with pytest.raises(ValueError, match=r"tests\['inputs'\] and tests\['outputs'\] must be lists of the same"):
+        parse_tests({"inputs": ["1"], "outputs": []})
+    with pytest.raises(ValueError, match="must hold strings"):
+        parse_tests({"inputs": [1], "outputs": ["1"]})
+    with pytest.raises(ValueError, match=r"tests\['fn_name'\] must be a Python identifier"):
+        parse_tests({"fn_name": "a b", "inputs": [[1]], "outputs": [1]})
+    with pytest.raises(ValueError, match=r"tests\['outputs'\]\[0\] is not a plain value"):
+        parse_tests({"fn_name": "f", "inputs": [[1]], "outputs": [object()]})
+    with pytest.raises(ValueError, match="tests looks like JSON but is not"):
+        parse_tests("{inputs")
+    with pytest.raises(ValueError, match="tests must be a dict, a string or a list of strings, got int"):
+        parse_tests(3)
     with pytest.raises(ValueError, match=r"tests is not valid Python: .* \(line 1\)"):
         parse_tests("assert (")
-    with pytest.raises(ValueError, match=r"tests\[1\] is not valid Python"):
-        parse_tests(["assert True", "assert ("])
-    with pytest.raises(ValueError, match="tests must be a string or a list of strings, got int"):
-        parse_tests(3)
+
+
+def test_unsafe_asserts_opt_in_runs_other_forms_in_the_sandbox():
+    tests = "def expected(a, b):\n    return a + b\nassert add(1, 2) == expected(1, 2)\nassert add(2, 2) == 4"
+    cases = parse_tests(tests, unsafe_asserts=True)
+    assert [(c.kind, c.counted) for c in cases] == [("exec", False), ("exec", True), ("call", True)]
+    result = run_sandboxed(ADD, tests, unsafe_asserts=True, timeout=5)
+    assert (result.status, result.passed, result.total) == ("passed", 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -75,254 +111,103 @@ def test_extract_code(completion, expected):
     assert extract_code(completion) == expected
 
 
+# ----------------------------------------------------------------------------- values
+
+
+def test_values_round_trip_and_compare_with_exact_types():
+    for value in [None, True, 3, -2.5, "s", [1, (2, 3)], {1: "a", "b": [2]}, {1, 2}, frozenset({3}), float("inf")]:
+        assert values.same(value, values.decode(json.loads(json.dumps(values.encode(value)))))
+    assert not values.same(1, True) and not values.same(1, 1.0) and not values.same((1,), [1])
+    assert not values.same({1: 2}, {True: 2}) and not values.same({1}, {1.0})
+    assert values.same(0.3, 0.1 + 0.2, 1e-9, 0) and not values.same(0.3, 0.1 + 0.2)
+    for bad in [object(), 1j, type("I", (int,), {})(3), [b"x"]]:
+        with pytest.raises(TypeError):
+            values.encode(bad)
+    for bad in [{"tuple": 1}, {"x": []}, {"dict": [[1]]}, {"a": 1, "b": 2}]:
+        with pytest.raises(ValueError):
+            values.decode(bad)
+    with pytest.raises(ValueError, match="non-standard JSON constant NaN"):
+        values.parse_line(b'{"value": NaN}')
+    assert values.same_output("1 2\n3\n", "1 2  \n3\n\n") and not values.same_output("3", "3.0")
+    assert values.same_output("0.3333", "0.33333", float_tolerance=1e-3)
+
+
 # ----------------------------------------------------------------------------- scoring
 
 
-def test_pass_fraction_and_statuses():
+def test_function_call_scoring_and_statuses():
     result = run_sandboxed(ADD, ["assert add(1, 2) == 3", "assert add(2, 2) == 5", "assert add(0, 0) == 0"])
     assert (result.status, result.passed, result.total) == ("failed", 2, 3)
-    assert result.score == pytest.approx(2 / 3)
-    assert result.reason == "test 1 failed: AssertionError"
-
-    result = run_sandboxed(ADD, "import math\nassert add(1, 2) == 3\nassert math.isclose(add(0.1, 0.2), 0.3)")
-    assert (result.status, result.passed, result.total, result.score) == ("passed", 2, 2, 1.0)
-
+    assert result.score == pytest.approx(2 / 3) and result.reason == "test 1 failed: returned 4"
     result = run_sandboxed("def add(a, b):\n    return a +", ["assert add(1, 2) == 3"])
     assert result.status == "error" and result.reason.startswith("solution raised SyntaxError")
-    assert result.score == 0.0
+    result = run_sandboxed("def add(a, b):\n    return float(a + b)", ["assert add(1, 2) == 3"])
+    assert (result.status, result.reason) == ("failed", "test 0 failed: returned 3.0")  # 3.0 is not 3
+    result = run_sandboxed("def add(a, b):\n    return 1 / 0", ["assert add(1, 2) == 3"])
+    assert result.reason == "test 0 failed: ZeroDivisionError: division by zero"
+    code = "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]"
+    assert run_sandboxed(code, "assert Solution().twoSum([2, 7], 9) == [0, 1]").status == "passed"
 
-    result = run_sandboxed(ADD + "print('hello')\nraise SystemExit(0)", ["assert add(1, 1) == 2"])
-    assert result.status == "passed" and result.stdout == "hello\n"  # exit() ending a script is fine
+
+def test_stdin_stdout_scoring():
+    tests = {"inputs": ["1 2\n", "3 4\n", "5 5\n"], "outputs": ["3\n", "7", "11"]}
+    result = run_sandboxed(SUM_STDIN, tests, timeout=5)
+    assert (result.status, result.passed, result.total) == ("failed", 2, 3)
+    assert result.reason == "test 2 failed: wrong output"
+    # open(0), sys.stdin.buffer, exit() at the end and __main__ guards all work.
+    code = "import sys\ndef main():\n    a, b = map(int, open(0).read().split())\n    sys.stdout.write(str(a + b))\n    sys.exit(0)\nif __name__ == '__main__':\n    main()"
+    assert run_sandboxed(code, tests, timeout=5).passed == 2
+    code = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))"
+    assert run_sandboxed(code, tests, timeout=5).passed == 2
+    floats = {"inputs": [""], "outputs": ["0.333333"]}
+    assert run_sandboxed("print(1/3)", floats).status == "failed"
+    assert run_sandboxed("print(1/3)", floats, float_tolerance=1e-6).status == "passed"
 
 
-def test_stdlib_works_under_the_dropped_privileges():
-    code = textwrap.dedent(
-        """
-        import collections.abc, dataclasses, fractions, heapq, json, re, statistics, typing
-        @dataclasses.dataclass
-        class P:
-            x: int
-        def solve():
-            with open("scratch.txt", "w") as f:  # the work dir is writable
-                f.write(json.dumps([P(1).x, heapq.nsmallest(1, [3, 2])[0]]))
-            return open("scratch.txt").read()
+def test_threads_work_where_each_sandbox_has_its_own_uid():
+    from jaxrl_llm.rewards.code import sandbox_layers
 
-        # File operations inside the work dir are allowed (the hook checks every path argument).
-        import os, pathlib, shutil, sqlite3, tempfile
-        os.makedirs("d/e", exist_ok=True)
-        pathlib.Path("d/s.txt").write_text("s"); os.rename("d/s.txt", "s.txt"); shutil.copy("s.txt", "d/s.txt")
-        os.chmod("d/s.txt", 0o600); os.utime("d/s.txt"); os.symlink("d/s.txt", "lnk"); os.remove("lnk")
-        fd, path = tempfile.mkstemp(); os.close(fd); os.remove(path)
-        with tempfile.TemporaryDirectory() as t:
-            pathlib.Path(t, "q").write_text("x")
-        dir_fd = os.open(".", os.O_RDONLY); os.mkdir("via_fd", dir_fd=dir_fd); os.rmdir("via_fd", dir_fd=dir_fd)
-        sqlite3.connect("local.db").execute("create table t(x)")
-        shutil.rmtree("d")
-        """
-    )
-    result = run_sandboxed(code, ["assert solve() == '[1, 2]'"], timeout=5)
-    assert (result.status, result.score) == ("passed", 1.0), result.reason
+    code = "import threading, sys\nsys.setrecursionlimit(10000)\nt = threading.Thread(target=lambda: print(3))\nt.start(); t.join()"
+    result = run_sandboxed(code, {"inputs": [""], "outputs": ["3"]}, timeout=5)
+    expected = "passed" if {"bwrap", "distinct_uid"} <= set(sandbox_layers()) else "error"
+    assert result.status == expected or (expected == "error" and result.score == 0.0), result
 
 
 def test_code_tests_reward_batches_rows_in_order():
-    completions = [f"```python\n{ADD}```", "```python\ndef add(a, b):\n    return a - b\n```", "no code", ADD]
-    tests = [["assert add(1, 2) == 3"], "assert add(2, 1) == 3\nassert add(1, 1) == 0", ["assert add(1, 2) == 3"], None]
-    scores = code_tests(["q"] * 4, completions, tests=tests, timeout=5, max_workers=2)
-    assert scores == [1.0, 0.5, 0.0, None]  # a row without tests is not applicable
+    completions = [f"```python\n{ADD}```", "```python\ndef add(a, b):\n    return a - b\n```", "no code", ADD,
+                   SUM_STDIN]  # fmt: skip
+    tests = [["assert add(1, 2) == 3"], "assert add(2, 1) == 3\nassert add(1, 1) == 0", ["assert add(1, 2) == 3"],
+             None, {"inputs": ["2 2"], "outputs": ["4"]}]  # fmt: skip
+    scores = code_tests(["q"] * 5, completions, tests=tests, timeout=5, max_workers=2)
+    assert scores == [1.0, 0.5, 0.0, None, 1.0]  # a row without tests is not applicable
     name, fn = get_reward_fn("code_tests", timeout=5.0, max_workers=1)
     assert name == "code_tests" and fn(["q"], [ADD], tests=[["assert add(2, 2) == 4"]]) == [1.0]
     with pytest.raises(ValueError, match="needs the column 'tests' with 2 entries"):
         code_tests(["q"] * 2, ["a", "b"], tests=[["assert True"]])
     with pytest.raises(ValueError, match="tests of row 0: tests is not valid Python"):
         code_tests(["q"], ["a"], tests=["assert ("])
+    with pytest.raises(ValueError, match="tests of row 0: tests must be a dict, a string or a list of strings, got int"):
+        code_tests(["q"], ["a"], tests=[3])
+    with pytest.raises(ValueError, match=r"tests of row 0: tests\[0\]: unsupported"):
+        code_tests(["q"], ["a"], tests=[["assert True"]])
 
 
-def test_forged_results_do_not_count():
-    code = textwrap.dedent(
-        """
-        import json, os
-        line = json.dumps(["0" * 32, "test", 0, "pass", ""]) + "\\n"
-        print(line)
-        for fd in range(3, 16):
-            try:
-                os.write(fd, line.encode())
-            except OSError:
-                pass
-        os._exit(0)
-        """
-    )
-    result = run_sandboxed(code, ["assert True", "assert True"])
-    assert (result.status, result.passed, result.score) == ("crashed", 0, 0.0)
-    # The nonce cannot be read back from the harness's payload file.
-    steal = "import os\nnonce = open(os.path.join(os.path.dirname(os.getcwd()), 'payload')).read()"
-    result = run_sandboxed(steal, ["assert True"])
-    assert result.status == "blocked" and result.reason.endswith("/payload")
-    if IS_ROOT:
-        assert "PermissionError" in _bare(steal).reason  # 0600 root-owned: closed to `nobody` too
-
-
-# ----------------------------------------------------------------------------- attacks
-
-
-def test_infinite_loop_hits_the_cpu_limit():
+def test_a_batch_runs_in_parallel_within_the_pool():
     start = time.monotonic()
-    result = run_sandboxed("while True:\n    pass", ["assert True"], timeout=10, cpu_time=1)
-    assert result.status == "cpu_limit" and "SIGXCPU" in result.reason
-    assert result.score == 0.0 and time.monotonic() - start < 10
+    results = run_code_tests([SUM_STDIN] * 16, [{"inputs": ["1 1"], "outputs": ["2"]}] * 16, max_workers=4)
+    assert all(r.status == "passed" for r in results) and time.monotonic() - start < 30
 
 
-def test_ignoring_sigxcpu_still_dies_at_the_hard_cpu_limit():
-    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
-    result = run_sandboxed(code, ["assert True"], timeout=10, cpu_time=1)  # ends at 2 s of CPU
-    assert result.status == "cpu_limit" and "SIGKILL" in result.reason and result.score == 0.0
+def test_no_tests_runs_the_program_once():
+    result = run_sandboxed("print('hello')\nraise SystemExit(0)")
+    assert (result.status, result.stdout, result.score) == ("passed", "hello\n", 1.0)
+    result = run_sandboxed("print('x' * 3_000_000)")  # long output: the head is kept, the run passes
+    assert result.status == "passed" and result.stdout == "x" * 4096
+    result = run_sandboxed("raise ValueError('x')")
+    assert result.status == "failed" and "ValueError: x" in result.reason and result.score == 0.0
 
 
-def test_wall_clock_timeout_kills_the_group_and_keeps_finished_tests():
-    start = time.monotonic()
-    result = run_sandboxed(ADD, ["assert add(1, 1) == 2", "import time\ntime.sleep(60)"], timeout=1)
-    elapsed = time.monotonic() - start
-    assert result.status == "timeout" and result.reason == "wall-clock limit of 1 s exceeded"
-    assert (result.passed, result.total, result.score) == (1, 2, 0.5)  # the test done before counts
-    assert 1.0 <= elapsed < 3.0  # the limit plus process start-up and kill, on a loaded machine
-
-
-def test_fork_bomb_is_refused():
-    start = time.monotonic()
-    result = run_sandboxed("import os\nwhile True:\n    os.fork()", ["assert True"], timeout=3)
-    assert result.status == "blocked" and result.reason.startswith("refused by the sandbox: os.fork")
-    assert result.score == 0.0 and time.monotonic() - start < 3.0  # refused at once, not timed out
-    result = run_sandboxed("import subprocess\nsubprocess.run(['true'])", ["assert True"], timeout=3)
-    assert result.status == "blocked" and "subprocess.Popen" in result.reason
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="RLIMIT_NPROC=0 applies to the dropped uid only when root")
-def test_fork_fails_without_the_audit_hook_too():
-    # Bounded: even if fork worked, this makes 5 processes that exit at once.
-    code = "import os\nfor _ in range(5):\n    if os.fork() == 0:\n        os._exit(0)"
-    result = _bare(code)
-    assert result.status == "error" and "BlockingIOError" in result.reason
-
-
-def test_ten_gigabyte_allocation_is_a_memory_error():
-    start = time.monotonic()
-    result = run_sandboxed("x = bytearray(10 * 1024**3)", ["assert True"], timeout=3)
-    assert result.status == "memory" and result.score == 0.0
-    assert time.monotonic() - start < 3.0  # refused at once, not timed out
-
-
-@pytest.fixture
-def host_dir():
-    """A directory the sandbox user can reach (under /tmp, not pytest's private 0700 tree), holding
-    a world-writable `shared/` (like /tmp: only the audit hook can stop writes there) and a
-    root-owned `private.txt`."""
-    base = tempfile.mkdtemp(prefix="jaxrl_test_host_")
-    os.chmod(base, 0o755)
-    shared = os.path.join(base, "shared")
-    os.mkdir(shared)
-    os.chmod(shared, 0o777)
-    private = os.path.join(base, "private.txt")
-    with open(private, "w") as f:
-        f.write("original")
-    os.chmod(private, 0o644)
-    yield shared, private
-    shutil.rmtree(base)
-
-
-def test_writes_outside_the_temp_dir_are_refused(host_dir):
-    shared, private = host_dir
-    attacks = [
-        f"open({shared + '/planted'!r}, 'w').write('x')",
-        f"import os\nos.close(os.open({shared + '/planted2'!r}, os.O_CREAT | os.O_WRONLY))",
-        f"open({private!r}, 'a').write('x')",
-        f"import os\nos.remove({private!r})",
-        f"import os\nos.rename({private!r}, 'stolen.txt')",
-        f"import os\nos.mkdir({shared + '/dir'!r})",
-        "open('../../escape.txt', 'w').write('x')",
-        f"import os\nos.symlink({shared!r}, 'link')\nopen('link/planted3', 'w').write('x')",
-        f"import os\nfd = os.open({shared!r}, os.O_RDONLY)\nos.open('planted4', os.O_CREAT | os.O_WRONLY, dir_fd=fd)",
-        f"import sqlite3\nsqlite3.connect({shared + '/db'!r}).execute('create table t(x)')",
-        f"import sys\ndel sys.modules['posix']\nimport posix\nposix.mkfifo({shared + '/fifo'!r})",
-    ]
-    for code in attacks:
-        result = run_sandboxed(code, ["assert True"], timeout=3)
-        assert result.status == "blocked" and result.score == 0.0, (code, result)
-    # mknod/mkfifo raise no audit event: they are removed from os and posix instead.
-    result = run_sandboxed(f"import os\nos.mknod({shared + '/node'!r})", ["assert True"], timeout=3)
-    assert result.status == "error" and "has no attribute 'mknod'" in result.reason
-    assert os.listdir(shared) == []
-    with open(private) as f:
-        assert f.read() == "original"
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="the uid layer exists only when run as root")
-def test_root_owned_files_stay_read_only_without_the_audit_hook(tmp_path):
-    private = tmp_path / "private.txt"
-    private.write_text("original")
-    private.chmod(0o644)
-    tmp_path.chmod(0o755)
-    result = _bare(f"open({str(private)!r}, 'a').write('x')")
-    assert result.status == "error" and "PermissionError" in result.reason
-    assert private.read_text() == "original"
-    assert stat.S_IMODE(private.stat().st_mode) == 0o644
-
-
-def test_parent_environment_is_invisible(monkeypatch):
-    monkeypatch.setenv("JAXRL_TEST_SECRET", "hunter2")
-    code = "import os\nprint(sorted(os.environ))\nleak = os.environ.get('JAXRL_TEST_SECRET')"
-    result = run_sandboxed(code, ["assert leak is None"], timeout=3)
-    assert result.status == "passed"
-    assert sorted(eval(result.stdout)) == ["HOME", "LANG", "LC_ALL", "PATH", "TMPDIR"]
-    # The parent's /proc entry is refused by the hook...
-    result = run_sandboxed("import os\nsecret = open(f'/proc/{os.getppid()}/environ').read()", ["assert True"], timeout=3)
-    assert result.status == "blocked" and "environ" in result.reason and "hunter2" not in result.stdout
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="the uid layer exists only when run as root")
-def test_parent_proc_environ_is_closed_without_the_audit_hook(monkeypatch):
-    monkeypatch.setenv("JAXRL_TEST_SECRET", "hunter2")
-    result = _bare("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())")
-    assert result.status == "error" and "PermissionError" in result.reason and "hunter2" not in result.stdout
-
-
-def test_socket_creation_is_refused():
-    result = run_sandboxed("import socket\ns = socket.socket()", ["assert True"], timeout=3)
-    assert result.status == "blocked" and result.reason.startswith("refused by the sandbox: socket.__new__")
-    # Catching the refusal does not help: any refused operation scores 0.
-    code = ADD + "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9))\nexcept OSError:\n    pass"
-    result = run_sandboxed(code, ["assert add(1, 1) == 2"], timeout=3)
-    assert (result.status, result.passed, result.score) == ("blocked", 1, 0.0)
-
-
-@pytest.mark.skipif("netns" not in LAYERS, reason="unshare --net is not available here")
-def test_network_namespace_blocks_connections_without_the_audit_hook():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    try:
-        port = server.getsockname()[1]
-        result = _bare(f"import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))")
-        assert result.status == "error" and "Network is unreachable" in result.reason
-    finally:
-        server.close()
-
-
-def test_ctypes_and_output_floods_are_contained():
-    result = run_sandboxed("import ctypes", ["assert True"], timeout=3)
-    assert result.status == "blocked" and "ctypes" in result.reason
-    result = sandbox._run("while True:\n    print('y' * 10000)", [("test", "assert True")], timeout=3,
-                          memory_mb=256, cpu_time=None, file_size_mb=1)  # fmt: skip
-    assert result.status == "output_limit" and result.score == 0.0
-    assert len(result.stdout) == sandbox._OUTPUT_CHARS
-
-
-def test_the_run_leaves_no_temp_dir_behind(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
-    result = run_sandboxed("import os\nos.chmod('.', 0o500)\nopen('../x', 'w')", ["assert True"], timeout=3)
-    assert result.status == "blocked"
-    assert os.listdir(tmp_path) == []
-
-
-def test_bad_sandbox_arguments():
+def test_bad_arguments():
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         run_sandboxed("pass", timeout=0)
     with pytest.raises(ValueError, match="memory_mb must be a positive integer"):
@@ -330,4 +215,71 @@ def test_bad_sandbox_arguments():
     with pytest.raises(ValueError, match="code must be a string"):
         run_sandboxed(b"pass")
     with pytest.raises(ValueError, match="max_workers must be a positive integer"):
-        run_code_tests(["pass"], [["assert True"]], max_workers=0)
+        run_code_tests(["pass"], [["assert f() == 1"]], max_workers=0)
+
+
+def test_large_answers_fit_the_reply_limit():
+    big = "x" * 3_000_000
+    assert run_sandboxed(f"print('x' * {len(big)})", {"inputs": [""], "outputs": [big]}, timeout=10).status == "passed"
+    code = "def f(n):\n    return list(range(n))"
+    assert run_sandboxed(code, {"fn_name": "f", "inputs": [[200_000]], "outputs": [list(range(200_000))]},
+                         timeout=10).status == "passed"  # fmt: skip
+
+
+def test_values_cross_the_sandbox_boundary_intact():
+    value = ['a"b\\c\n\x00\x1f\x7f é 😀', (1, -0.0, 1e300, 2**70), {1: {"k": None}, (2, 3): frozenset({True})},
+             {1.5, "s"}, [], {}]  # fmt: skip
+    code = f"def f():\n    return {value!r} + [float('-inf')]"
+    value.append(float("-inf"))
+    assert run_sandboxed(code, {"fn_name": "f", "inputs": [[]], "outputs": [value]}).status == "passed"
+    code = "def f(*args, **kwargs):\n    return [args, kwargs]"
+    assert run_sandboxed(code, ["assert f((1, 2), {3}, k={4: 5}) == [((1, 2), {3}), {'k': {4: 5}}]"]).status == "passed"
+
+
+def test_humaneval_style_check_functions():
+    tests = textwrap.dedent(
+        '''
+        METADATA = {"author": "x", "dataset": "test"}
+
+        def check(candidate):
+            """Docstrings are fine."""
+            assert candidate(1, 2) == 3
+            assert abs(candidate(0.1, 0.2) - 0.3) < 1e-6
+
+        check(add)
+        '''
+    )
+    cases = parse_tests(tests)
+    assert [c.payload[0] for c in cases] == ["add", "add"] and cases[1].check == "abs_lt"
+    assert run_sandboxed(ADD, tests).status == "passed"
+    with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
+        parse_tests("def check(candidate):\n    assert candidate(1) == 1")
+    with pytest.raises(ValueError, match="unsupported test statement"):
+        parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x\ncheck(f)")
+
+
+def test_any_refused_operation_scores_zero_even_when_caught():
+    code = ADD + "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9))\nexcept OSError:\n    pass"
+    result = run_sandboxed(code, ["assert add(1, 1) == 2"], timeout=5)
+    assert (result.status, result.passed, result.score) == ("blocked", 1, 0.0)
+    assert result.reason.startswith("refused by the sandbox: socket.")
+    code = "import socket\ntry:\n    socket.socket()\nexcept OSError:\n    pass\nprint(3)"
+    result = run_sandboxed(code, {"inputs": [""], "outputs": ["3"]}, timeout=5)
+    assert result.status == "blocked" and result.score == 0.0 and len(result.blocked) == 1
+
+
+def test_limits_statuses_and_cleanup(tmp_path, monkeypatch):
+    code = "import time\ndef add(a, b):\n    if a == 2:\n        time.sleep(60)\n    return a + b"
+    start = time.monotonic()
+    result = run_sandboxed(code, ["assert add(1, 1) == 2", "assert add(2, 2) == 4"], timeout=1)
+    assert result.status == "timeout" and result.reason == "wall-clock limit of 1 s exceeded"
+    assert (result.passed, result.total, result.score) == (1, 2, 0.5)  # the case answered in time counts
+    assert time.monotonic() - start < 4
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    result = run_sandboxed(spin, ["assert f() == 1"], timeout=10, cpu_time=1)  # killed at the hard limit, 2 s
+    assert result.status == "cpu_limit" and "SIGKILL" in result.reason
+    result = run_sandboxed("import ctypes", ["assert f() == 1"])
+    assert result.status == "blocked" and "ctypes" in result.reason
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    result = run_sandboxed("import os\nos.chmod('.', 0o500)\nopen('x', 'w')", ["assert f() == 1"], timeout=3)
+    assert result.score == 0.0 and os.listdir(tmp_path) == []  # the judge's files are all removed

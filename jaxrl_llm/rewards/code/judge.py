@@ -1,0 +1,250 @@
+"""The trusted judge: runs cases in a sandbox and compares the returned plain values itself.
+
+Correctness comes only from values the judge compares with expectations that never left it, each
+case counted once, keyed by the index the judge asked for. Nothing the sandbox says about itself
+(a "pass", a status, an exit code) can raise a score; a refusal it reports can only lower it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import time
+from collections.abc import Sequence
+
+from jaxrl_llm.rewards.code import launch, values
+from jaxrl_llm.rewards.code.cases import Case
+from jaxrl_llm.rewards.code.session import Session
+
+DEFAULT_TIMEOUT = 10.0  # wall-clock seconds per completion
+DEFAULT_MEMORY_MB = 512
+DEFAULT_FILE_SIZE_MB = 16
+DEFAULT_DISK_MB = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one sandboxed run.
+
+    status: 'passed' (every case passed), 'failed' (some did not), 'error' (the solution did not
+      load: SyntaxError, an exception at top level), 'blocked' (the audit hook refused an operation),
+      'memory' (MemoryError), 'timeout' (wall clock), 'cpu_limit', 'output_limit' (RLIMIT_FSIZE),
+      'crashed' (the sandbox ended or broke the protocol before answering every case).
+    reason: one line saying why, '' when passed. passed / total: cases passed / counted cases.
+    stdout: without tests, what the program printed; with tests, the sandbox's own stdout (4 KiB).
+    """
+
+    status: str
+    reason: str
+    passed: int = 0
+    total: int = 0
+    returncode: int | None = None
+    duration_s: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+    blocked: tuple[str, ...] = ()
+
+    @property
+    def score(self) -> float:
+        """Pass fraction; 0 whenever the sandbox refused anything. Cases passed before a time-out
+        count. Without tests: 1.0 iff the program ran cleanly."""
+        if self.blocked or self.status == "blocked":
+            return 0.0
+        if self.total == 0:
+            return float(self.status == "passed")
+        return self.passed / self.total
+
+
+def _check_limits(code, timeout, memory_mb, file_size_mb, disk_mb, cpu_time) -> None:
+    if not isinstance(code, str):
+        raise ValueError(f"code must be a string, got {type(code).__name__}")
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    for arg, value in (("memory_mb", memory_mb), ("file_size_mb", file_size_mb), ("disk_mb", disk_mb)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+    if cpu_time is not None and not (isinstance(cpu_time, (int, float)) and cpu_time >= 1):
+        raise ValueError(f"cpu_time must be >= 1 second (RLIMIT_CPU is in whole seconds), got {cpu_time!r}")
+
+
+def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB,
+          cpu_time: float | None = None, file_size_mb: int = DEFAULT_FILE_SIZE_MB, disk_mb: int = DEFAULT_DISK_MB,
+          float_tolerance: float | None = None, backend: str | None = None, audit: bool = True) -> SandboxResult:
+    """Runs `code` in one sandbox against `cases` (see `cases.parse_tests`). backend: 'bwrap',
+    'fallback' or None (bwrap where it works). audit=False drops the audit hook (tests use it to
+    check the layers under it)."""
+    _check_limits(code, timeout, memory_mb, file_size_mb, disk_mb, cpu_time)
+    if backend is None:
+        launch.warn_if_weak()
+        backend = "bwrap" if launch.bwrap_problem() is None else "fallback"
+    run_only = not cases
+    cases = list(cases) or [Case("stdio", "", None, counted=False)]
+    start = time.monotonic()
+    session = Session(code, backend=backend, load_module=any(c.kind != "stdio" for c in cases), timeout=timeout,
+                      memory_mb=memory_mb, cpu_time=cpu_time and math.ceil(cpu_time), file_size_mb=file_size_mb,
+                      disk_mb=disk_mb, audit_on=audit, max_reply=_max_reply(cases, file_size_mb))  # fmt: skip
+    tally = _Tally(total=sum(c.counted for c in cases), cases=len(cases))
+    try:
+        _exchange(session, cases, tally, float_tolerance)
+    finally:
+        returncode, stdout, stderr = session.close()
+    if backend == "bwrap" and returncode is not None and returncode > 128:
+        returncode = 128 - returncode  # bwrap reports the runner's death by signal N as 128 + N
+    stdout = tally.program_output[:4096] if run_only else stdout
+    status, reason = _status(tally, session, returncode, timeout)
+    return SandboxResult(status, reason, tally.passed, tally.total, returncode, time.monotonic() - start,
+                         stdout, stderr, tuple(session.blocked))  # fmt: skip
+
+
+def _max_reply(cases: list[Case], file_size_mb: int) -> int:
+    """The longest reply line worth reading: 1 MiB plus 8 times the longest expected answer (JSON
+    escapes at most ~6x), never more than the output limit allows. A longer one cannot match."""
+    longest = 0
+    for case in cases:
+        if case.check == "ne" or not case.counted:  # any answer may pass (or is just shown): all of it
+            longest = file_size_mb << 20
+        elif case.check in ("eq", "in"):
+            longest = max(longest, len(json.dumps(values.encode(case.expected))))
+    return (1 << 20) + 8 * min(longest, file_size_mb << 20)
+
+
+@dataclasses.dataclass
+class _Tally:
+    total: int
+    cases: int
+    passed: int = 0
+    answered: int = 0
+    first_failure: str = ""
+    load_error: str = ""
+    fatal: str = ""
+    memory: bool = False
+    output_limit: bool = False
+    protocol: str = ""
+    program_output: str = ""
+
+
+def _exchange(session: Session, cases: list[Case], tally: _Tally, float_tolerance) -> None:
+    ready = _next_record(session, tally)
+    if ready is None:
+        return
+    if "fatal" in ready:
+        tally.fatal = str(ready["fatal"])[:300]
+        return
+    if ready.get("ready") is not True:
+        tally.load_error = str(ready.get("error", "no ready message"))[:300]
+        tally.memory = tally.load_error.startswith("MemoryError")
+        tally.output_limit = "[Errno 27]" in tally.load_error
+        return
+    for index, case in enumerate(cases):
+        if case.kind == "call":
+            request = {"i": index, "call": case.payload}  # (name, args, kwargs): plain, checked by parse_tests
+        else:
+            request = {"i": index, "stdin" if case.kind == "stdio" else "exec": case.payload}
+        if not session.send(request):
+            return
+        record = _next_record(session, tally)
+        if record is None:
+            return
+        tally.answered += 1
+        if type(record.get("i")) is not int or record["i"] != index:
+            tally.protocol = f"reply for test {record.get('i')!r} when test {index} was asked"
+            return
+        ok, why = _verdict(case, record, float_tolerance, tally)
+        if case.counted and ok:
+            tally.passed += 1
+        elif not ok:
+            tally.first_failure = tally.first_failure or f"test {index} failed: {why}"
+
+
+def _next_record(session: Session, tally: _Tally) -> dict | None:
+    """The next reply; refusals reported by the audit hook on the way are collected (they can only
+    lower the score, so a forged one harms only its author)."""
+    while True:
+        line = session.receive()
+        if line is None:
+            return None
+        try:
+            record = values.parse_line(line)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            tally.protocol = f"unreadable reply ({type(e).__name__})"
+            return None
+        if "blocked" not in record:
+            return record
+        session.blocked.append(str(record["blocked"])[:300])
+
+
+def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[bool, str]:
+    if "error" in record:
+        error = str(record["error"])[:300]
+        tally.memory |= error.startswith("MemoryError")
+        tally.output_limit |= "[Errno 27]" in error
+        return False, error
+    if case.kind == "exec":
+        return record.get("ok") is True, "did not run"
+    if case.kind == "stdio":
+        got = record.get("stdout")
+        if type(got) is not str:
+            return False, "no output"
+        if not case.counted:
+            tally.program_output = got
+            return True, ""
+        return values.same_output(case.expected, got, float_tolerance), "wrong output"
+    if "value" not in record:
+        return False, "no value"
+    try:
+        got = values.decode(record["value"])
+    except (ValueError, TypeError, RecursionError) as e:
+        return False, f"malformed value ({e})"
+    return _compare(case, got, float_tolerance), f"returned {_short(got)}"
+
+
+def _compare(case: Case, got, float_tolerance) -> bool:
+    tol = float_tolerance or 0.0
+    if case.check == "eq":
+        return values.same(case.expected, got, tol, tol)
+    if case.check == "ne":
+        return not values.same(case.expected, got, tol, tol)
+    if case.check == "in":
+        return any(values.same(option, got, tol, tol) for option in case.expected)
+    if not values.is_number(got) or isinstance(got, float) and not math.isfinite(got):
+        return False
+    if case.check == "isclose":
+        return math.isclose(got, case.expected, rel_tol=case.rel_tol, abs_tol=case.abs_tol)
+    if case.check == "abs_lt":
+        return abs(got - case.expected) < case.abs_tol
+    if case.check == "abs_le":
+        return abs(got - case.expected) <= case.abs_tol
+    raise ValueError(f"unknown check {case.check!r}")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _status(tally: _Tally, session: Session, returncode, timeout) -> tuple[str, str]:
+    signum = -returncode if returncode is not None and returncode < 0 else None
+    unfinished = tally.answered < tally.cases  # the sandbox ended (or was killed) before answering all
+    if session.blocked:
+        return "blocked", f"refused by the sandbox: {session.blocked[0]}"
+    if session.timed_out:
+        return "timeout", f"wall-clock limit of {timeout:g} s exceeded"
+    if unfinished and signum in (signal.SIGXCPU, signal.SIGKILL) and not tally.load_error:
+        return "cpu_limit", f"CPU time limit exceeded ({signal.Signals(signum).name})"
+    if unfinished and signum == signal.SIGXFSZ or tally.output_limit:
+        return "output_limit", "file size limit exceeded"
+    if tally.memory:
+        return "memory", "memory limit exceeded (MemoryError)"
+    if tally.fatal:
+        return "crashed", f"the sandbox could not start: {tally.fatal}"
+    if tally.load_error:
+        return "error", f"solution raised {tally.load_error}"
+    if session.oversized:
+        return "crashed", "a reply exceeded the output limit"
+    if tally.protocol or unfinished:
+        return "crashed", tally.protocol or f"exited with code {returncode} after {tally.answered} of {tally.cases} tests"
+    if tally.passed < tally.total or tally.first_failure:  # an uncounted unit (setup, a bare run) failing too
+        return "failed", tally.first_failure or f"{tally.total - tally.passed} of {tally.total} tests failed"
+    return "passed", ""

@@ -344,3 +344,86 @@ def test_bad_input_raises_at_trace_time_under_jit():
     with pytest.raises(ValueError, match="mask"):
         jax.jit(lambda r, m: rl.gae(r, r, m, gamma=1.0, lam=1.0))(jnp.ones((2, 3)),
                                                                   jnp.ones((2, 2)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics over the rows / tokens that enter the loss; bootstrap; process rewards
+# --------------------------------------------------------------------------------------------------
+
+def test_batch_scale_std_ignores_rows_outside_the_loss():
+    """scale='batch' takes its std over the rows the loss sees: a filler group (row_mask 0) with wild
+    scores changes nothing of the kept rows' advantages."""
+    scores = np.array([0.0, 1.0, 2.0, 4.0, 100.0, -50.0], np.float32)
+    keep = np.array([1, 1, 1, 1, 0, 0])
+    got = rl.group_advantages(scores, 2, scale="batch", row_mask=keep)
+    kept = scores[:4].astype(np.float64)
+    std = statistics.stdev(kept)
+    want = [(kept[i] - kept[2 * (i // 2):2 * (i // 2) + 2].mean()) / (std + 1e-6) for i in range(4)]
+    np.testing.assert_allclose(got[:4], want, rtol=1e-5)
+    unmasked = rl.group_advantages(scores, 2, scale="batch")
+    assert not np.allclose(unmasked[:4], want, rtol=1e-3)  # the old statistics did move
+
+
+def test_reinforce_pp_whitens_over_the_loss_tokens():
+    rng = np.random.default_rng(3)
+    mask = np.ones((4, 3), np.float32)
+    loss_mask = mask.copy()
+    loss_mask[3] = 0  # a row the loss ignores
+    scores = np.array([1.0, 0.0, 2.0, 50.0], np.float32)
+    kl = jnp.asarray(0.01 * rng.normal(size=(4, 3)), jnp.float32)
+    got = rl.reinforce_pp_advantages(scores, kl, mask, gamma=1.0, loss_mask=loss_mask)
+    returns = ref_discounted_returns(np.asarray(rl.token_rewards(scores, mask, kl)), mask, 1.0)
+    np.testing.assert_allclose(got, ref_whiten(returns, loss_mask), rtol=1e-4, atol=1e-5)
+    assert np.all(np.asarray(got)[3] == 0)
+
+
+def test_gae_bootstraps_a_truncated_row():
+    """A row cut by the length limit did not end: its last δ uses V(s_T) instead of 0."""
+    rewards = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]], np.float32)
+    values = np.array([[0.5, 0.6, 0.7], [0.2, 0.3, 0.0]], np.float32)
+    mask = np.array([[1, 1, 1], [1, 1, 0]], np.float32)
+    last = np.array([0.9, 0.0], np.float32)  # row 0 truncated; row 1 ended with EOS
+    adv, ret = rl.gae(rewards, values, mask, gamma=0.9, lam=0.8, last_value=last)
+    # Row 0 by hand: δ2 = 1 + 0.9*0.9 - 0.7; δ1 = 0.9*0.7 - 0.6; δ0 = 0.9*0.6 - 0.5.
+    d2, d1, d0 = 1 + 0.81 - 0.7, 0.63 - 0.6, 0.54 - 0.5
+    a2 = d2
+    a1 = d1 + 0.72 * a2
+    a0 = d0 + 0.72 * a1
+    np.testing.assert_allclose(adv[0], [a0, a1, a2], rtol=1e-5)
+    plain, _ = rl.gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    np.testing.assert_allclose(adv[1], plain[1])  # a row that ended is unchanged
+    np.testing.assert_allclose(ret, np.asarray(adv) + values * mask, rtol=1e-6)
+
+
+def ref_group_process(step_rewards, step_mask, mask, g, eps=1e-6):
+    n, t = mask.shape
+    out = np.zeros((n, t))
+    for b in range(n // g):
+        rows = range(b * g, b * g + g)
+        vals = [float(step_rewards[i, j]) for i in rows for j in range(t) if step_mask[i, j] and mask[i, j]]
+        if len(vals) < 2 or max(vals) == min(vals):
+            continue
+        mean, std = statistics.mean(vals), statistics.stdev(vals)
+        for i in rows:
+            for tok in range(t):
+                if mask[i, tok]:
+                    out[i, tok] = sum((float(step_rewards[i, j]) - mean) / (std + eps)
+                                      for j in range(tok, t) if step_mask[i, j] and mask[i, j])
+    return out
+
+
+def test_group_process_advantages_match_the_reference():
+    rng = np.random.default_rng(4)
+    mask = random_mask(np.random.RandomState(4))
+    step_mask = (rng.random((N, T)) < 0.4).astype(np.float32)
+    step_rewards = rng.normal(size=(N, T)).astype(np.float32)
+    got = rl.group_process_advantages(step_rewards, step_mask, mask, 3)
+    np.testing.assert_allclose(got, ref_group_process(step_rewards, step_mask, mask, 3), rtol=1e-4, atol=1e-5)
+    # One step per row at its last token reduces to outcome GRPO's advantage on every token.
+    full = np.ones((4, 3), np.float32)
+    last = np.zeros((4, 3), np.float32)
+    last[:, -1] = 1
+    scores = np.array([1.0, 0.0, 0.5, 0.5], np.float32)
+    proc = rl.group_process_advantages(scores[:, None] * last, last, full, 2)
+    outcome = rl.group_advantages(scores, 2)
+    np.testing.assert_allclose(proc, np.broadcast_to(np.asarray(outcome)[:, None], (4, 3)), rtol=1e-5, atol=1e-6)

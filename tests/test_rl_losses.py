@@ -152,9 +152,49 @@ def test_kl_penalty_matches_reference():
         out = np.asarray(rl.kl_penalty(logp, ref, kind))
         for idx in np.ndindex(N, T):
             d = float(ref[idx]) - float(logp[idx])
-            want = {"k1": -d, "k2": d * d / 2,
-                    "k3": math.exp(min(d, 20.0)) - min(d, 20.0) - 1}[kind]
+            k3 = math.exp(min(d, 20.0)) - min(d, 20.0) - 1
+            want = {"k1": -d, "k2": d * d / 2, "k3": k3, "k3+": k3}[kind]
             np.testing.assert_allclose(out[idx], want, rtol=2e-5, atol=1e-5)
+
+
+def _categorical_kl_gradients(kind, off_policy, weighted=None):
+    """(expected gradient of the KL term over tokens drawn from π_old, exact gradient of the reverse KL
+    KL(π_θ ‖ π_ref), exact gradient of the forward KL(π_ref ‖ π_θ)) for a small categorical policy:
+    the expectation is a sum over the whole vocabulary, weighted by π_old (no sampling noise)."""
+    rng = np.random.default_rng(0)
+    theta, old, ref = (jnp.asarray(rng.normal(size=7), jnp.float32) for _ in range(3))
+    weighted = off_policy if weighted is None else weighted
+    old = theta + 0.3 * old if off_policy else theta  # later minibatches: θ has moved away from π_old
+    tokens = jnp.arange(7)
+
+    def expected_term(th):
+        logp = jax.nn.log_softmax(th)[tokens][None]  # every token of the vocabulary as a "sample"
+        k = rl.kl_penalty(logp, jax.nn.log_softmax(ref)[tokens][None], kind)[0]
+        if weighted:  # importance weight π_θ/π_old of the token, not differentiated
+            k = k * jax.lax.stop_gradient(jnp.exp(logp[0] - jax.nn.log_softmax(old)))
+        return jnp.sum(jax.nn.softmax(old) * k)  # E_{x~π_old}[...]
+
+    reverse = lambda th: jnp.sum(jax.nn.softmax(th) * (jax.nn.log_softmax(th) - jax.nn.log_softmax(ref)))
+    forward = lambda th: jnp.sum(jax.nn.softmax(ref) * (jax.nn.log_softmax(ref) - jax.nn.log_softmax(th)))
+    return jax.grad(expected_term)(theta), jax.grad(reverse)(theta), jax.grad(forward)(theta)
+
+
+@pytest.mark.parametrize("weighted", [False, True])  # on-policy, or off-policy with the importance weight
+def test_kl_estimator_gradients_on_a_categorical_policy(weighted):
+    """k2 and k3+ follow the reverse KL they report; k3 differentiated follows the forward KL; k1's
+    expected gradient is zero. With tokens from an older policy, weighting the term by the
+    importance ratio π_θ/π_old restores these identities (the trainer's kl.importance_weighted)."""
+    for kind in ("k2", "k3+"):
+        got, rev, _ = _categorical_kl_gradients(kind, weighted)
+        np.testing.assert_allclose(got, rev, atol=1e-6)
+    got, _, fwd = _categorical_kl_gradients("k3", weighted)
+    np.testing.assert_allclose(got, fwd, atol=1e-6)
+    got, rev, _ = _categorical_kl_gradients("k1", weighted)
+    np.testing.assert_allclose(got, np.zeros(7), atol=1e-6)
+    assert np.abs(rev).max() > 1e-2  # the identities above are not all trivially zero
+    if weighted:  # without the weight, off-policy samples give another gradient
+        unweighted, rev, _ = _categorical_kl_gradients("k3+", True, weighted=False)
+        assert not np.allclose(unweighted, rev, atol=1e-3)
 
 
 def test_k3_nonnegative_and_zero_at_equality():

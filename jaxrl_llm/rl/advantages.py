@@ -50,12 +50,12 @@ def _per_row(fn, name, x, n):
 # GAE
 # --------------------------------------------------------------------------------------------------
 
-def gae(rewards, values, mask, *, gamma, lam, lam_value=None):
+def gae(rewards, values, mask, *, gamma, lam, lam_value=None, last_value=None):
     """Generalized advantage estimation over the valid tokens of each row.
 
     δ_t = r_t + γ·V_{t+1} − V_t,  A_t = δ_t + γ·λ·A_{t+1},  R_t = A^{λ_value}_t + V_t,
     where "t+1" is the next *valid* token (masked steps pass the carry through unchanged) and
-    V = A = 0 after the last valid token (the episode ends there).
+    V = A = 0 after the last valid token (the episode ends there), or V = last_value (bootstrap).
 
     Args:
       rewards: (N,T) per-token rewards (score on the last valid token, −β·KL elsewhere).
@@ -66,6 +66,8 @@ def gae(rewards, values, mask, *, gamma, lam, lam_value=None):
         VAPO, see `adaptive_lam`).
       lam_value: scalar or (N,) λ used for the returns (value targets); None means `lam`.
         Different values give the decoupled GAE of VAPO.
+      last_value: None, or (N,) V of the state after each row's last valid token: nonzero for a row
+        cut by the length limit (it did not end: bootstrap), 0 for a row that ended with EOS.
 
     Returns:
       (advantages, returns), each (N,T) float32, 0 where mask is 0.
@@ -100,7 +102,9 @@ def gae(rewards, values, mask, *, gamma, lam, lam_value=None):
         v_next = jnp.where(m_t, v_t, next_v)
         return (v_next, a_t), a_t
 
-    init = (jnp.zeros((n,), jnp.float32), jnp.zeros(lams.shape, jnp.float32))
+    boot = jnp.zeros((n,), jnp.float32) if last_value is None else jnp.asarray(last_value, jnp.float32)
+    check_shape(fn, "last_value", boot, (n,))
+    init = (boot, jnp.zeros(lams.shape, jnp.float32))
     _, adv = lax.scan(step, init, (r.T, v.T, m.T), reverse=True)  # (T,K,N)
     adv = jnp.transpose(adv, (1, 2, 0))  # (K,N,T)
     advantages = jnp.where(m, adv[0], 0.0)
@@ -210,7 +214,7 @@ def _grouped(fn, rewards, group_size):
     return rewards, rg, tied
 
 
-def group_advantages(rewards, group_size, *, scale="group", eps=1e-6):
+def group_advantages(rewards, group_size, *, scale="group", eps=1e-6, row_mask=None):
     """GRPO advantages A_i = (r_i − mean_g(r)) / (std(r) + eps), one per completion.
 
     Args:
@@ -219,6 +223,8 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6):
       scale: 'group' (std of the group, GRPO), 'batch' (std of all N rewards, as TRL's
         scale_rewards='batch') or 'none' (no division: Dr. GRPO). Stds are unbiased (ddof=1).
       eps: added to the std.
+      row_mask: None, or (N,) rows that enter the loss: the 'batch' std is taken over these only (rows
+        the loss ignores, e.g. DAPO's filler groups, must not move it).
 
     Returns:
       (N,) float32 advantages; a group of equal rewards gives exactly 0.
@@ -233,11 +239,60 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6):
         std = jnp.sqrt(jnp.sum(jnp.square(centered), axis=1, keepdims=True) / (group_size - 1))
         adv = centered / (std + eps)
     elif scale == "batch":
-        std = jnp.std(rewards, ddof=1)
+        std = _masked_std(rewards, None if row_mask is None else jnp.asarray(row_mask) != 0)
         adv = centered / (std + eps)
     else:
         adv = centered
     return jnp.where(tied, 0.0, adv).reshape(-1)
+
+
+def _masked_std(x, keep):
+    """Unbiased std of x (N,) over `keep` (all rows when None); 0 with fewer than two rows."""
+    if keep is None:
+        return jnp.std(x, ddof=1)
+    count = jnp.sum(keep).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(keep, x, 0.0)) / jnp.maximum(count, 1.0)
+    var = jnp.sum(jnp.where(keep, jnp.square(x - mean), 0.0)) / jnp.maximum(count - 1.0, 1.0)
+    return jnp.sqrt(var)
+
+
+def group_process_advantages(step_rewards, step_mask, mask, group_size, *, eps=1e-6):
+    """GRPO with process rewards: each step reward is normalised by the mean and (unbiased) std of all
+    step rewards of its group, and token t of a row gets the sum of its normalised rewards at or after
+    t (a step's reward sits at the index of the step's last token).
+
+    Args:
+      step_rewards: (N,T) reward of the step ending at each token (0 elsewhere).
+      step_mask: (N,T) 1 where a step ends.
+      mask: (N,T) valid-token mask.
+      group_size: static int G >= 2 dividing N.
+      eps: added to the std.
+
+    Returns:
+      (N,T) float32 advantages, 0 where mask is 0; a group whose steps are all equal (or that has fewer
+      than two steps) gives exactly 0.
+    """
+    fn = "group_process_advantages"
+    check_2d(fn, "mask", mask)
+    shape = jnp.shape(mask)
+    check_shape(fn, "step_rewards", step_rewards, shape)
+    check_shape(fn, "step_mask", step_mask, shape)
+    _check_group_size(fn, group_size, shape[0])
+    m = jnp.asarray(mask) != 0
+    s = (jnp.asarray(step_mask) != 0) & m
+    r = jnp.where(s, jnp.asarray(step_rewards, jnp.float32), 0.0)
+    rg, sg = r.reshape(-1, group_size * shape[1]), s.reshape(-1, group_size * shape[1])  # (B, G*T)
+    count = jnp.sum(sg, axis=1, keepdims=True).astype(jnp.float32)
+    mean = jnp.sum(rg, axis=1, keepdims=True) / jnp.maximum(count, 1.0)
+    std = jnp.sqrt(jnp.sum(jnp.where(sg, jnp.square(rg - mean), 0.0), axis=1, keepdims=True)
+                   / jnp.maximum(count - 1.0, 1.0))
+    big, small = jnp.max(jnp.where(sg, rg, -jnp.inf), axis=1, keepdims=True), jnp.min(
+        jnp.where(sg, rg, jnp.inf), axis=1, keepdims=True)
+    tied = (count < 2) | (big == small)
+    norm = jnp.where(sg & ~tied, (rg - mean) / (std + eps), 0.0).reshape(shape)
+    # Σ over steps at or after t: a reversed cumulative sum along the tokens.
+    adv = jnp.flip(jnp.cumsum(jnp.flip(norm, axis=1), axis=1), axis=1)
+    return jnp.where(m, adv, 0.0)
 
 
 def rloo_advantages(rewards, group_size):
@@ -256,7 +311,7 @@ def rloo_advantages(rewards, group_size):
     return jnp.where(tied, 0.0, adv).reshape(-1)
 
 
-def reinforce_pp_advantages(scores, kl, mask, *, gamma, group_size=None):
+def reinforce_pp_advantages(scores, kl, mask, *, gamma, group_size=None, loss_mask=None):
     """REINFORCE++ advantages: whitened discounted token returns of (score − KL).
 
     r_t = −kl_t + score·[t is last valid], G_t = r_t + γ·G_{t+1} over valid tokens, A = whiten(G)
@@ -269,6 +324,7 @@ def reinforce_pp_advantages(scores, kl, mask, *, gamma, group_size=None):
       mask: (N,T) valid-token mask.
       gamma: scalar discount in [0, 1].
       group_size: None or a static int G >= 2 dividing N.
+      loss_mask: None, or (N,T) the tokens that enter the loss (whitening statistics over them).
 
     Returns:
       (N,T) float32 advantages, 0 where mask is 0.
@@ -284,4 +340,5 @@ def reinforce_pp_advantages(scores, kl, mask, *, gamma, group_size=None):
     rewards = token_rewards(scores, mask, kl)
     # Discounted returns are GAE with V = 0 and λ = 1.
     returns, _ = gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma, lam=1.0)
-    return whiten(returns, mask)
+    # Whitening statistics over the tokens that enter the loss: excluded rows must not move them.
+    return whiten(returns, mask if loss_mask is None else loss_mask)

@@ -26,7 +26,7 @@ from jaxrl_llm.rl.surrogates import SURROGATES
 
 AGGREGATE_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                    "seq-mean-token-sum-norm")
-KL_KINDS = ("k1", "k2", "k3")
+KL_KINDS = ("k1", "k2", "k3", "k3+")
 RATIOS = ("token", "sequence", "sequence_token")
 
 LOG_RATIO_CLAMP = 20.0  # per-token |log ρ| bound: exp(20) ≈ 5e8 is finite in float32
@@ -67,11 +67,13 @@ def kl_penalty(logp, ref_logp, kind="k3"):
 
     With d = ref_logp − logp: k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, low
     variance), k3 = e^d − d − 1 (unbiased, ≥ 0). For k3, d is clamped to ±20 so e^d stays finite.
+    k3+ has k3's value and k2's gradient: as a loss term its expected gradient is that of the reverse
+    KL(π_θ ‖ π_ref) it reports (k3's own is the forward KL's; k1's is zero in expectation).
 
     Args:
       logp: (...) log π_θ of the sampled tokens.
       ref_logp: same shape, log π_ref of the same tokens.
-      kind: 'k1' | 'k2' | 'k3'.
+      kind: 'k1' | 'k2' | 'k3' | 'k3+'.
 
     Returns:
       float32 array of logp's shape (not masked: aggregate it with `aggregate`).
@@ -84,9 +86,16 @@ def kl_penalty(logp, ref_logp, kind="k3"):
         return -d
     if kind == "k2":
         return 0.5 * jnp.square(d)
+    k2 = 0.5 * jnp.square(d)
     d = jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     # expm1 keeps k3 accurate (and ≥ 0) when d is tiny, where e^d − 1 would cancel.
-    return jnp.expm1(d) - d
+    k3 = jnp.expm1(d) - d
+    if kind == "k3":
+        return k3
+    # k3+: k3's value with k2's gradient (straight-through). Differentiated in the loss, k3's gradient
+    # E_π[(1 − π_ref/π)∇log π] is that of the forward KL(π_ref ‖ π); k2's, E_π[(log π − log π_ref)∇log π],
+    # is the reverse KL(π ‖ π_ref) that k3 reports.
+    return k2 - lax.stop_gradient(k2) + lax.stop_gradient(k3)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,7 +252,7 @@ def _check_policy_args(logp, old_logp, advantages, mask, *, ratio, surrogate, cl
 
 def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="clip",
                 clip_low=0.2, clip_high=0.2, dual_clip=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
-                cispo_max=5.0, aggregate="token-mean", norm_length=None, denominator=None):
+                cispo_max=5.0, aggregate="token-mean", norm_length=None, denominator=None, weights=None):
     """Policy-gradient surrogate loss (to minimize) and its diagnostics.
 
     Importance ratio (ℓ_t = logp_t − old_logp_t clamped to ±20, |o_i| = Σ_t m_it):
@@ -269,6 +278,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
       norm_length: L of 'seq-mean-token-sum-norm'.
       denominator: None, or a scalar aggregate_denominator(...) over the whole optimizer batch: the
         loss is then aggregate_sum(...) / denominator, so minibatch losses add up to the batch loss.
+      weights: None, or (N,T) per-token weights of the surrogate, not differentiated (rollout
+        correction's importance weights, see `rollout_correction`).
 
     Returns:
       (loss, metrics): loss a float32 scalar; metrics a dict of float32 scalars (no gradient), all
@@ -312,6 +323,9 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
     per_token, clipped, clipped_low, clipped_high = SURROGATES[surrogate](
         rho, logp, adv, lo=lo, hi=hi, dual_clip=dual_clip, sapo_tau_pos=sapo_tau_pos,
         sapo_tau_neg=sapo_tau_neg, cispo_max=cispo_max)
+    if weights is not None:
+        check_shape("policy_loss", "weights", weights, shape)
+        per_token = per_token * lax.stop_gradient(jnp.where(m, jnp.asarray(weights, jnp.float32), 0.0))
 
     loss = _reduce(per_token, m, aggregate, norm_length, denominator)
 

@@ -7,7 +7,7 @@
 What is measured. For each depth a GRPO `Trainer` is built on a random Qwen2 checkpoint of that depth
 (benchmarks/mfu.py `build_trainer`), then every jitted function of one iteration is lowered and compiled
 ahead of time on the arguments `Trainer.train_step` passes it, in pipeline order: the sampler
-(`sampling.generate_program`, the program `generate` runs), `fns.score` (reference log-probs), `fns.advantages`
+(`sampling.generate_program`, the program `generate` runs), `fns.score` (reference log-probs), `fns.prepare`
 and `fns.update` (forward, backward, AdamW). Each is reported as trace + lower seconds and XLA compile
 seconds. Then the caches are cleared (`jax.clear_caches()`) and `train_step` runs three times: the first
 step's extra wall time over the median of the next two is the end-to-end compile cost of the first
@@ -42,7 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from common import ModelSize, machine_description, markdown_table, update_markdown  # noqa: E402
 
-FUNCTIONS = ("generate", "score", "advantages", "update")
+FUNCTIONS = ("generate", "score", "prepare", "update")
 TARGET = 1.3  # issue 9: deepest / shallowest compile time
 
 
@@ -82,8 +82,8 @@ def measure_depth(layers: int, args) -> dict:
                 eos_ids=trainer.eos_ids, pad_id=trainer.pad_id)
             # Each later function needs the previous one's outputs: run the compiled programs.
             b.update(aot("score", fns.score, state, ref, b)(state, ref, b))
-            b.setdefault("old_logp", b["sampler_logp"])
-            b["adv"], b["returns"], _ = aot("advantages", fns.advantages, b, state.kl.value)(b, state.kl.value)
+            b.setdefault("old_logp", b["behavior_logp"])
+            b.update(aot("prepare", fns.prepare, b, state.kl.value)(b, state.kl.value)[0])
             aot("update", fns.update, state, b, jnp.arange(c.rollout.batch_prompts))
 
         first_extra = steady = float("nan")

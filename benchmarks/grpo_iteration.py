@@ -414,9 +414,8 @@ def stage_times(ours: Ours, repeats: int) -> dict[str, float]:
         b = timed("to device", lambda: t.rollouts.device_batch(local))
         ref = state.ref_params if state.ref_params is not None else t.frozen_ref
         b.update(timed("reference log-probs", lambda: t.fns.score(state, ref, b)))
-        b.setdefault("old_logp", b["sampler_logp"])
-        adv, returns, _ = timed("advantages", lambda: t.fns.advantages(b, state.kl.value))
-        b["adv"], b["returns"] = adv, returns
+        b.setdefault("old_logp", b["behavior_logp"])
+        b.update(timed("advantages", lambda: t.fns.prepare(b, state.kl.value))[0])
         pidx = jax.numpy.arange(t.c.rollout.batch_prompts)
         state, _ = timed("update (fwd + bwd + AdamW)", lambda: t.fns.update(state, b, pidx))
         if i == 0:

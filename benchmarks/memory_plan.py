@@ -178,7 +178,8 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows if len(shape) == 2 else vec)
     batch = {"prompt_tokens": sds((B, P), jnp.int32), "prompt_mask": sds((B, P), jnp.int32),
              "tokens": sds((N, T), jnp.int32), "mask": sds((N, T), jnp.int32), "loss_mask": sds((N, T), jnp.float32),
-             "sampler_logp": sds((N, T), jnp.float32), "scores": sds((N,), jnp.float32)}
+             "sampler_logp": sds((N, T), jnp.float32), "behavior_logp": sds((N, T), jnp.float32),
+             "scores": sds((N,), jnp.float32), "truncated": sds((N,), jnp.int32)}
 
     out = {"params": per_chip(params), "opt": per_chip(opt), "ref": per_chip(state.ref_params or ref),
            "value": per_chip(value) + per_chip(value_opt)}
@@ -190,10 +191,9 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
         score = fns.score.lower(state, ref, batch).compile()
         scored = jax.eval_shape(fns.score, state, ref, batch)
         full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})
-        full.setdefault("old_logp", full["sampler_logp"])
-        adv, returns, _ = jax.eval_shape(fns.advantages, full, state.kl.value)
-        full["adv"] = sds(adv.shape, adv.dtype)
-        full["returns"] = None if returns is None else sds(returns.shape, returns.dtype)
+        full.setdefault("old_logp", full["behavior_logp"])
+        fields, _ = jax.eval_shape(fns.prepare, full, state.kl.value)
+        full.update({k: None if v is None else sds(v.shape, v.dtype) for k, v in fields.items()})
         pidx = jax.ShapeDtypeStruct((B // c.train.minibatches,), jnp.int32, sharding=rep)
         update = fns.update.lower(state, full, pidx).compile()
 

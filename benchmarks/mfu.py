@@ -8,7 +8,7 @@ AdamW) on a ~30M-parameter Qwen2, achieved model FLOP/s over the machine's peak.
 What runs. A `jaxrl_llm.trainer.Trainer` (GRPO preset: kl.coef 0.04, one minibatch, no gradient
 accumulation) is built on a random checkpoint of `--size` saved with `save_hf`, and its `fns.update` is
 called on a synthetic batch made by the trainer's own `rollouts.device_batch`, `fns.score` (reference log-probs)
-and `fns.advantages`, exactly as `Trainer.train_step` does after a rollout: B prompts of P tokens (no
+and `fns.prepare`, exactly as `Trainer.train_step` does after a rollout: B prompts of P tokens (no
 padding), N = B*G completions of T tokens, every token valid (the worst case: no row stops early). The
 sequence is P + T = 64 + 192 = 256 tokens by default. The sampled log-probs are the policy's own (an
 on-policy first update: ratios 1).
@@ -160,6 +160,7 @@ def device_batch(trainer, seed: int = 0) -> dict:
     local = {"prompt_tokens": rng.integers(2, mc.vocab_size, (B, P)), "prompt_mask": np.ones((B, P), np.int32),
              "tokens": rng.integers(2, mc.vocab_size, (N, T)), "mask": np.ones((N, T), np.int32),
              "sampler_logp": np.full((N, T), -math.log(mc.vocab_size), np.float32),
+             "behavior_logp": np.full((N, T), -math.log(mc.vocab_size), np.float32),
              "lengths": np.full(N, T), "truncated": np.ones(N, bool), "scores": rng.random(N).astype(np.float32),
              "valid": np.ones(N, np.float32)}
     return trainer.rollouts.device_batch(local)
@@ -167,15 +168,15 @@ def device_batch(trainer, seed: int = 0) -> dict:
 
 def update_batch(trainer, state, seed: int = 0) -> dict:
     """The update's batch as `Trainer.train_step` builds it: reference log-probs (`fns.score`), the
-    policy's own log-probs as the sampler's (ratios 1), advantages (`fns.advantages`)."""
+    policy's own log-probs as the sampler's (ratios 1), correction and advantages (`fns.prepare`)."""
     b = device_batch(trainer, seed)
     ref = state.ref_params if state.ref_params is not None else trainer.frozen_ref
     with sharding.use_mesh(trainer.mesh):
         b.update(trainer.fns.score(state, ref, b))
         if "ref_logp" in b:  # the reference is the initial policy: its log-probs are the sampler's
-            b["sampler_logp"] = b["ref_logp"]
-        b.setdefault("old_logp", b["sampler_logp"])
-        b["adv"], b["returns"], _ = trainer.fns.advantages(b, state.kl.value)
+            b["sampler_logp"] = b["behavior_logp"] = b["ref_logp"]
+        b.setdefault("old_logp", b["behavior_logp"])
+        b.update(trainer.fns.prepare(b, state.kl.value)[0])
     return b
 
 

@@ -64,7 +64,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature, also used by the trainer's log-probs
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0  # nucleus; 1.0 = off
-    c.rollout.recompute_logprobs = False  # old log-probs from a trainer forward instead of the sampler's
+    c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
+    c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
+
+    # Rollout correction between the behaviour policy (the sampler's, with its precision, top-k/top-p
+    # and staleness) and the proximal one; docs/algorithms/off_policy.md.
+    c.correction = ml_collections.ConfigDict()
+    c.correction.mode = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask | geometric_mask
+    c.correction.cap = 0.0  # upper bound of the ratio; 0 = the mode's default (2, or 1.001 for geometric_mask)
+    c.correction.lower = 0.0  # lower bound of the mask modes; 0 = 1/cap
 
     c.reward = ml_collections.ConfigDict()
     c.reward.functions = "math_answer"  # comma-separated registry names or module:function paths
@@ -73,7 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.on_error = "raise"  # a reward fn that raises: "raise" (stop, naming fn and row) | "zero"
 
     c.advantage = ml_collections.ConfigDict()
-    c.advantage.estimator = placeholder(str)  # gae | group | rloo | reinforce_pp
+    c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp
     c.advantage.scale = placeholder(str)  # group estimator: group | batch | none (Dr. GRPO)
     c.advantage.eps = 1e-6  # added to the std of group advantages
     c.advantage.whiten = placeholder(bool)  # whiten GAE advantages over the batch's valid tokens
@@ -82,6 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.lam_value = 1.0  # GAE lambda of the value targets (decoupled GAE)
     c.advantage.adaptive_lam_alpha = 0.0  # > 0: length-adaptive lambda = 1 - 1/(alpha*|o|) (VAPO)
     c.advantage.reinforce_pp_baseline = False  # REINFORCE++-baseline: subtract the group mean first
+    c.advantage.bootstrap_truncated = False  # GAE: V(s_T) at the cut of a truncated completion instead of 0
 
     c.loss = ml_collections.ConfigDict()
     c.loss.ratio = placeholder(str)  # token | sequence (GSPO) | sequence_token (GSPO-token)
@@ -94,14 +103,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.cispo_max = 5.0  # CISPO ratio cap
     c.loss.aggregate = placeholder(str)  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     c.loss.norm_length = placeholder(int)  # L of seq-mean-token-sum-norm; 0 = max_new_tokens
+    c.loss.nll_coef = 0.0  # VAPO: weight of the negative log-likelihood of completions that score well
+    c.loss.nll_threshold = 1.0  # ... those whose score is at least this
 
     c.kl = ml_collections.ConfigDict()
     c.kl.coef = placeholder(float)  # beta; 0 = no reference model
-    c.kl.estimator = placeholder(str)  # k1 | k2 | k3
+    c.kl.estimator = placeholder(str)  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient)
     c.kl.placement = placeholder(str)  # loss (GRPO) | reward (PPO, REINFORCE++)
     c.kl.adaptive = placeholder(bool)  # adaptive beta (PPO): beta *= 1 + clip(KL/target - 1, +-0.2) * n/horizon
     c.kl.target = 0.1  # adaptive controller target KL
     c.kl.horizon = 10000  # adaptive controller horizon (in samples)
+    c.kl.importance_weighted = False  # weight the KL-in-loss term by current/proximal (exact on later minibatches)
 
     c.entropy_coef = placeholder(float)  # entropy bonus c_H
 
@@ -110,12 +122,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.dapo.max_sample_rounds = 4  # bound on sampling rounds per step with dynamic sampling
     c.dapo.overlong_buffer = placeholder(int)  # overlong shaping buffer L_buf in tokens; 0 = off; -1 = T/4
     c.dapo.mask_truncated = placeholder(bool)  # exclude completions without EOS from the loss
+    c.dapo.filter_on = ""  # what dynamic sampling filters on: "" = the rewards but length shaping | total | <fn>
 
     c.value = ml_collections.ConfigDict()
     c.value.enabled = placeholder(bool)  # train a value model (PPO)
     c.value.init = "policy"  # "policy" (copy of the policy backbone) or a HF *ForSequenceClassification dir
     c.value.learning_rate = 1e-5  # value model AdamW learning rate
     c.value.clip = 0.2  # value clipping range around the old values; 0 = off
+    c.value.pretrain_steps = 0  # VAPO: first steps train only the value model (on the returns), policy frozen
 
     c.ref = ml_collections.ConfigDict()
     c.ref.refresh_every = 0  # > 0: every K steps, ref <- mix_alpha*policy + (1 - mix_alpha)*ref

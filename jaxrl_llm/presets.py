@@ -10,7 +10,7 @@ _COMMON = {
     "advantage.estimator": "group", "advantage.scale": "group", "advantage.whiten": False,
     "kl.coef": 0.0, "kl.estimator": "k3", "kl.placement": "loss", "kl.adaptive": False,
     "entropy_coef": 0.0, "dapo.dynamic_sampling": False, "dapo.overlong_buffer": 0,
-    "dapo.mask_truncated": False, "value.enabled": False,
+    "dapo.mask_truncated": False, "value.enabled": False, "rollout.recompute_logprobs": False,
 }
 
 # Defaults per algorithm, on top of _COMMON.
@@ -21,8 +21,11 @@ PRESETS = {
     "dr_grpo": {"advantage.scale": "none", "loss.aggregate": "seq-mean-token-sum-norm"},
     "dapo": {"loss.clip_high": 0.28, "loss.aggregate": "token-mean", "dapo.dynamic_sampling": True,
              "dapo.overlong_buffer": -1},  # -1: a quarter of max_new_tokens
-    "gspo": {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
-    "gspo_token": {"loss.ratio": "sequence_token", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    # GSPO's band (1 ± 4e-4) is narrower than the sampler/trainer gap of a bfloat16 run: the proximal
+    # log-probs are recomputed so that the first update's sequence ratios are exactly 1.
+    "gspo": {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4, "rollout.recompute_logprobs": True},
+    "gspo_token": {"loss.ratio": "sequence_token", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4,
+                   "rollout.recompute_logprobs": True},
     "sapo": {"loss.surrogate": "sapo", "loss.aggregate": "token-mean"},
     "cispo": {"loss.surrogate": "cispo", "loss.aggregate": "token-mean"},
     "rloo": {"advantage.estimator": "rloo", "loss.aggregate": "token-mean"},

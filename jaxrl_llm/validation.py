@@ -108,6 +108,22 @@ def _validate_model_and_data(c) -> None:
 
 def _validate_objective(c) -> None:
     """The algorithm's fields: allowed names come from the registries of `jaxrl_llm.rl`."""
+    _validate_advantage(c)
+    _validate_loss(c)
+    _validate_kl(c)
+    _validate_off_policy(c)
+    _check(c, "entropy_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "dapo.max_sample_rounds", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "dapo.overlong_buffer", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
+           "an int in [0, rollout.max_new_tokens]")
+    if c.dapo.dynamic_sampling and c.rollout.group_size < 2:
+        _fail("rollout.group_size", "at least 2 with dapo.dynamic_sampling", c.rollout.group_size)
+    names = [spec.split(":")[-1] for spec, _ in reward_specs(c)]
+    _check(c, "dapo.filter_on", lambda v: v in ("", "total", *names),
+           "'' (the rewards but length shaping), 'total' or one of the reward functions " + ", ".join(names))
+
+
+def _validate_advantage(c) -> None:
     _check_choice(c, "advantage.estimator", rl.ESTIMATORS)
     estimator = rl.ESTIMATORS[c.advantage.estimator]
     if (estimator.group or c.advantage.reinforce_pp_baseline) and c.rollout.group_size < 2:
@@ -118,6 +134,22 @@ def _validate_objective(c) -> None:
     for f in ("advantage.gamma", "advantage.lam", "advantage.lam_value"):
         _check(c, f, lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
     _check(c, "advantage.adaptive_lam_alpha", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "advantage.bootstrap_truncated", lambda v: isinstance(v, bool), "True or False")
+    if c.advantage.bootstrap_truncated and not estimator.value:
+        _fail("advantage.bootstrap_truncated", f"False with the {c.advantage.estimator} estimator (it has no "
+              "value model to bootstrap from)", True)
+    _check(c, "value.learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, "value.clip", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    if estimator.value and not c.value.enabled:
+        _fail("value.enabled", f"True with the {c.advantage.estimator} estimator (it needs a value model)",
+              c.value.enabled)
+    _check(c, "value.pretrain_steps", lambda v: _is_int(v) and 0 <= v < c.total_steps,
+           "an int in [0, total_steps) (steps that train the value model alone)")
+    if c.value.pretrain_steps and not c.value.enabled:
+        _fail("value.pretrain_steps", "0 without a value model (value.enabled=False)", c.value.pretrain_steps)
+
+
+def _validate_loss(c) -> None:
     _check_choice(c, "loss.ratio", rl.RATIOS)
     _check_choice(c, "loss.surrogate", rl.SURROGATES)
     _check(c, "loss.clip_low", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
@@ -130,25 +162,32 @@ def _validate_objective(c) -> None:
         _check(c, f, lambda v: _is_num(v) and v > 0, "a number > 0")
     _check_choice(c, "loss.aggregate", rl.AGGREGATE_MODES)
     _check(c, "loss.norm_length", lambda v: _is_int(v) and v >= 1, "a positive int (0 = max_new_tokens)")
+    _check(c, "loss.nll_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "loss.nll_threshold", _is_num, "a number")
+
+
+def _validate_kl(c) -> None:
     _check(c, "kl.coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check_choice(c, "kl.estimator", rl.KL_KINDS)
     _check_choice(c, "kl.placement", rl.KL_PLACEMENTS)
     _check(c, "kl.target", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, "kl.horizon", lambda v: _is_num(v) and v > 0, "a number > 0")
-    if c.kl.placement == "reward" and not estimator.token_rewards and c.kl.coef > 0:
-        _fail("kl.placement", f"'loss' with the {c.advantage.estimator} estimator (it only sees sequence scores)",
-              c.kl.placement)
-    _check(c, "entropy_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
-    _check(c, "dapo.max_sample_rounds", lambda v: _is_int(v) and v >= 1, "an int >= 1")
-    _check(c, "dapo.overlong_buffer", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
-           "an int in [0, rollout.max_new_tokens]")
-    if c.dapo.dynamic_sampling and c.rollout.group_size < 2:
-        _fail("rollout.group_size", "at least 2 with dapo.dynamic_sampling", c.rollout.group_size)
-    _check(c, "value.learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
-    _check(c, "value.clip", lambda v: _is_num(v) and v >= 0, "a number >= 0")
-    if estimator.value and not c.value.enabled:
-        _fail("value.enabled", f"True with the {c.advantage.estimator} estimator (it needs a value model)",
-              c.value.enabled)
+    _check(c, "kl.importance_weighted", lambda v: isinstance(v, bool), "True or False")
+    if c.kl.coef > 0 and c.kl.placement == "loss" and c.kl.estimator == "k1":
+        _fail("kl.estimator", "k2, k3 or k3+ with kl.placement='loss' (k1's expected gradient is zero: "
+              "E[grad log pi] = 0, so it would not pull towards the reference)", "k1")
+
+
+def _validate_off_policy(c) -> None:
+    _check(c, "rollout.compute_dtype", lambda v: v in ("", "float32", "bfloat16", "float16"),
+           "'', float32, bfloat16 or float16")
+    _check(c, "rollout.recompute_logprobs", lambda v: isinstance(v, bool), "True or False")
+    _check_choice(c, "correction.mode", rl.CORRECTION_MODES)
+    _check(c, "correction.cap", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = the mode's default)")
+    _check(c, "correction.lower", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = 1/cap)")
+    cap, lower = rl.correction_bounds(c.correction.mode, c.correction.cap, c.correction.lower)
+    if lower > cap:
+        _fail("correction.lower", f"at most the cap {cap}", c.correction.lower)
 
 
 def _validate_training(c) -> None:

@@ -18,3 +18,15 @@ def nan_reward(prompts, completions, **_):
 
 def wrong_length(prompts, completions, **_):
     return [0.0] * (len(completions) + 1)
+
+
+def always_zero(prompts, completions, **_):
+    """An accuracy reward that no completion earns: every group is all wrong."""
+    return [0.0] * len(completions)
+
+
+def digit_steps(prompts, completions, completion_lengths, **_):
+    """A process reward: a step at every token, +1 for a digit, -1 otherwise (character tokenizer:
+    token t is character t; the EOS, when there is one, is the last token and closes no step)."""
+    return [[(t, 1.0 if ch.isdigit() else -1.0) for t, ch in enumerate(c[:n])] for c, n in zip(completions,
+                                                                                           completion_lengths)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import rl
-from jaxrl_llm.rl.correction import CORRECTION_MODES, default_bounds, rollout_correction
+from jaxrl_llm.rl.correction import CORRECTION_MODES, correction_bounds, rollout_correction
 
 N, T = 6, 7
 
@@ -51,7 +51,7 @@ def batch(seed, scale=0.3):
 @pytest.mark.parametrize("bounds", [(None, None), (1.5, 0.8)])
 def test_matches_the_slow_reference(mode, bounds):
     behavior, proximal, mask = batch(0)
-    cap, lower = default_bounds(mode, *bounds)
+    cap, lower = correction_bounds(mode, *bounds)
     w, keep, m = rollout_correction(behavior, proximal, mask, mode=mode, cap=bounds[0], lower=bounds[1])
     want_w, want_keep = reference(behavior, proximal, mask, mode, cap, lower)
     np.testing.assert_allclose(w, want_w, rtol=2e-5, atol=1e-7)
@@ -83,7 +83,7 @@ def test_large_mismatch_is_contained():
     for mode in CORRECTION_MODES:
         w, keep, m = rollout_correction(behavior, proximal, mask, mode=mode)
         assert np.all(np.isfinite(w)) and np.all(np.isfinite(list(map(float, m.values()))))
-        assert float(np.max(w)) <= default_bounds(mode)[0] + 1e-6 or mode in ("none", "token_mask", "sequence_mask",
+        assert float(np.max(w)) <= correction_bounds(mode)[0] + 1e-6 or mode in ("none", "token_mask", "sequence_mask",
                                                                                "geometric_mask")
     _, keep, m = rollout_correction(behavior, proximal, mask, mode="token_mask")
     assert float(m["correction/kept_frac"]) < 0.5 and float(m["correction/ess"]) < 0.5

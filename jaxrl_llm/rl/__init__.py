@@ -15,7 +15,7 @@ from jaxrl_llm.rl.advantages import (
     token_rewards,
     whiten,
 )
-from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
+from jaxrl_llm.rl.correction import CORRECTION_MODES, correction_bounds, rollout_correction
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.losses import (
     AGGREGATE_MODES,
@@ -50,6 +50,7 @@ __all__ = [
     "aggregate_denominator",
     "aggregate_parts",
     "aggregate_sum",
+    "correction_bounds",
     "gae",
     "group_advantages",
     "group_process_advantages",

@@ -31,7 +31,7 @@ DEFAULT_CAPS = {"none": 2.0, "token_truncate": 2.0, "token_mask": 2.0, "sequence
 _LOG_RATIO_CLAMP = 20.0
 
 
-def default_bounds(mode: str, cap: float | None = None, lower: float | None = None) -> tuple[float, float]:
+def correction_bounds(mode: str, cap: float | None = None, lower: float | None = None) -> tuple[float, float]:
     """(cap, lower) of `mode`, the defaults filling what is None (or 0)."""
     cap = cap or DEFAULT_CAPS[mode]
     return cap, (lower if lower else 1.0 / cap)
@@ -56,7 +56,7 @@ def rollout_correction(behavior_logp, proximal_logp, mask, *, mode="none", cap=N
     check_2d(fn, "behavior_logp", behavior_logp)
     check_shape(fn, "proximal_logp", proximal_logp, jnp.shape(behavior_logp))
     check_shape(fn, "mask", mask, jnp.shape(behavior_logp))
-    cap, lower = default_bounds(mode, cap, lower)
+    cap, lower = correction_bounds(mode, cap, lower)
     if not 0 < lower <= cap:
         raise ValueError(f"{fn}: the bounds must satisfy 0 < lower <= cap, got lower={lower}, cap={cap}")
 

@@ -3,8 +3,9 @@
 `Objective.from_config(c)` reads it once from a resolved, validated run config. It is a static argument
 of the jitted step functions (hashable, so it keys the compile cache) and exposes the step's pure math:
 
+  prepare(batch, kl_coef)                      -> rollout correction, then advantages: new fields, stats
   advantages(batch, kl_coef)                   -> advantages, returns, KL statistics
-  denominators(loss_mask)                      -> the global normalisers of one optimizer step
+  denominators(minibatch)                      -> the global normalisers of one optimizer step
   policy_loss(logp, entropy, mb, kl_coef, den) -> the policy loss of one micro-batch and its metrics
   value_loss(values, mb, den)                  -> the value loss of one micro-batch and its metrics
 
@@ -14,9 +15,11 @@ estimator is one `@register_estimator` function in this file (or in a user's mod
 run), plus its docs.
 
 Batch keys (N = B·G rows, T tokens, groups of G contiguous rows): `scores` (N,), `mask` (N,T) valid
-tokens, `loss_mask` (N,T) tokens that enter the loss, `old_logp` (N,T) log-probs of the policy before
-this step, `ref_logp` (N,T) the reference's (with KL), `old_values`/`returns` (N,T) (value model), `adv`
-(N,) or (N,T).
+tokens, `loss_mask` (N,T) tokens that enter the loss, `behavior_logp` (N,T) log-probs of the policy the
+sampler drew from, `old_logp` (N,T) the proximal policy's (before this step's updates; the behaviour's
+unless recomputed), `ref_logp` (N,T) the reference's (with KL), `old_values`/`returns` (N,T) and
+`last_values` (N,) (value model), `process_rewards`/`process_mask` (N,T) (process rewards), and what
+`prepare` adds: `is_weights` (N,T), `adv` (N,) or (N,T).
 """
 from __future__ import annotations
 
@@ -26,10 +29,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_advantages,
+from jax import lax
+
+from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_advantages, group_process_advantages,
                                      reinforce_pp_advantages, rloo_advantages, token_rewards, whiten)
+from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
-from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, RATIOS, SURROGATES, aggregate,
+from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, LOG_RATIO_CLAMP, RATIOS, SURROGATES, aggregate,
                                  aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
 
 KL_PLACEMENTS = ("loss", "reward")  # β·KL added to the loss (GRPO) or subtracted from token rewards (PPO)
@@ -40,24 +46,27 @@ class Estimator:
     """An advantage estimator and what it needs from the run.
 
     fn(objective, batch, penalty) -> (advantages (N,) or (N,T), returns (N,T) or None); `penalty` is
-    β·KL per token (N,T) when the KL is placed in the reward, else None.
+    β·KL per token (N,T) when the KL is placed in the reward and the estimator sees token rewards, else
+    None (an estimator of sequence scores gets the row's summed penalty subtracted from its score).
     """
 
     fn: Callable[..., tuple[Any, Any]]
     group: bool  # a baseline over each prompt's G completions: needs G >= 2
     value: bool  # needs a value model (batch["old_values"])
-    token_rewards: bool  # sees per-token rewards, so the KL may be placed in the reward
+    token_rewards: bool  # sees per-token rewards (else the KL in the reward is summed into the score)
+    process: bool = False  # reads process rewards: batch["process_rewards"], batch["process_mask"] (N,T)
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str, *, group: bool = False, value: bool = False, token_rewards: bool = False):
+def register_estimator(name: str, *, group: bool = False, value: bool = False, token_rewards: bool = False,
+                       process: bool = False):
     """Registers `fn(objective, batch, penalty)` under `name`, the value `advantage.estimator` takes."""
     def decorator(fn):
         if name in ESTIMATORS and ESTIMATORS[name].fn is not fn:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(fn, group=group, value=value, token_rewards=token_rewards)
+        ESTIMATORS[name] = Estimator(fn, group=group, value=value, token_rewards=token_rewards, process=process)
         return fn
     return decorator
 
@@ -68,7 +77,8 @@ def _gae(o: Objective, b, penalty):
     mask = b["mask"]
     rewards = token_rewards(b["scores"], mask, penalty)
     lam = adaptive_lam(mask, alpha=o.adaptive_lam_alpha) if o.adaptive_lam_alpha > 0 else o.lam
-    adv, returns = gae(rewards, b["old_values"], mask, gamma=o.gamma, lam=lam, lam_value=o.lam_value)
+    last = b["last_values"] if o.bootstrap_truncated else None  # V(s_T) on truncated rows, 0 elsewhere
+    adv, returns = gae(rewards, b["old_values"], mask, gamma=o.gamma, lam=lam, lam_value=o.lam_value, last_value=last)
     if o.whiten:
         adv = whiten(adv, b["loss_mask"])
     return adv, returns
@@ -77,7 +87,14 @@ def _gae(o: Objective, b, penalty):
 @register_estimator("group", group=True)
 def _group(o: Objective, b, penalty):
     """GRPO / Dr. GRPO: score minus the group mean, over the group (or batch) std or not at all."""
-    return group_advantages(b["scores"], o.group_size, scale=o.scale, eps=o.eps), None
+    rows = jnp.any(b["loss_mask"] > 0, axis=1)  # a batch-scale std over the rows the loss sees
+    return group_advantages(b["scores"], o.group_size, scale=o.scale, eps=o.eps, row_mask=rows), None
+
+
+@register_estimator("group_process", group=True, process=True)
+def _group_process(o: Objective, b, penalty):
+    """GRPO with process rewards: step rewards normalised over the group's steps, summed from t on."""
+    return group_process_advantages(b["process_rewards"], b["process_mask"], b["mask"], o.group_size, eps=o.eps), None
 
 
 @register_estimator("rloo", group=True)
@@ -91,7 +108,8 @@ def _reinforce_pp(o: Objective, b, penalty):
     """REINFORCE++: whitened discounted returns of (score − β·KL) [minus the group mean first]."""
     kl = penalty if penalty is not None else jnp.zeros_like(b["old_logp"])
     group = o.group_size if o.reinforce_pp_baseline else None
-    return reinforce_pp_advantages(b["scores"], kl, b["mask"], gamma=o.gamma, group_size=group), None
+    return reinforce_pp_advantages(b["scores"], kl, b["mask"], gamma=o.gamma, group_size=group,
+                                   loss_mask=b["loss_mask"]), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +127,7 @@ class Objective:
     lam_value: float = 1.0  # λ of the value targets (decoupled GAE)
     adaptive_lam_alpha: float = 0.0  # > 0: λ = 1 − 1/(α·|o|) (VAPO)
     reinforce_pp_baseline: bool = False
+    bootstrap_truncated: bool = False  # GAE: V(s_T) after a truncated row's last token (batch["last_values"])
     # ---- policy surrogate
     ratio: str = "token"  # one of RATIOS
     surrogate: str = "clip"  # a key of SURROGATES
@@ -120,6 +139,8 @@ class Objective:
     cispo_max: float = 5.0
     aggregate: str = "seq-mean-token-mean"  # one of AGGREGATE_MODES
     norm_length: int | None = None  # L of seq-mean-token-sum-norm
+    nll_coef: float = 0.0  # VAPO: NLL of completions scoring >= nll_threshold, token-mean over them
+    nll_threshold: float = 1.0
     # ---- KL to the reference and entropy
     kl_coef: float = 0.0  # initial β; 0 = no reference model
     kl_estimator: str = "k3"  # one of KL_KINDS
@@ -127,7 +148,12 @@ class Objective:
     kl_adaptive: bool = False
     kl_target: float = 0.1
     kl_horizon: float = 10000.0
+    kl_importance_weighted: bool = False  # KL-in-loss term times sg(current/proximal)
     entropy_coef: float = 0.0
+    # ---- rollout correction between the behaviour and proximal policies
+    correction_mode: str = "none"  # one of CORRECTION_MODES
+    correction_cap: float | None = None  # None: the mode's default
+    correction_lower: float | None = None
     # ---- value model
     value: bool = False
     value_clip: float | None = None
@@ -137,7 +163,8 @@ class Objective:
                                       ("ratio", self.ratio, RATIOS), ("surrogate", self.surrogate, SURROGATES),
                                       ("aggregate", self.aggregate, AGGREGATE_MODES),
                                       ("kl_estimator", self.kl_estimator, KL_KINDS),
-                                      ("kl_placement", self.kl_placement, KL_PLACEMENTS)):
+                                      ("kl_placement", self.kl_placement, KL_PLACEMENTS),
+                                      ("correction_mode", self.correction_mode, CORRECTION_MODES)):
             if value not in allowed:
                 raise ValueError(f"Objective.{field} must be one of {', '.join(allowed)}, got {value!r}")
         if ESTIMATORS[self.estimator].value and not self.value:
@@ -150,12 +177,15 @@ class Objective:
         return cls(
             group_size=c.rollout.group_size, estimator=a.estimator, scale=a.scale, eps=a.eps, whiten=a.whiten,
             gamma=a.gamma, lam=a.lam, lam_value=a.lam_value, adaptive_lam_alpha=a.adaptive_lam_alpha,
-            reinforce_pp_baseline=a.reinforce_pp_baseline, ratio=loss.ratio, surrogate=loss.surrogate,
+            reinforce_pp_baseline=a.reinforce_pp_baseline, bootstrap_truncated=a.bootstrap_truncated,
+            ratio=loss.ratio, surrogate=loss.surrogate, nll_coef=loss.nll_coef, nll_threshold=loss.nll_threshold,
             clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip or None,
             sapo_tau_pos=loss.sapo_tau_pos, sapo_tau_neg=loss.sapo_tau_neg, cispo_max=loss.cispo_max,
             aggregate=loss.aggregate, norm_length=loss.norm_length, kl_coef=kl.coef, kl_estimator=kl.estimator,
             kl_placement=kl.placement, kl_adaptive=kl.adaptive, kl_target=kl.target, kl_horizon=kl.horizon,
-            entropy_coef=c.entropy_coef, value=c.value.enabled, value_clip=c.value.clip or None)
+            kl_importance_weighted=kl.importance_weighted, entropy_coef=c.entropy_coef,
+            correction_mode=c.correction.mode, correction_cap=c.correction.cap or None,
+            correction_lower=c.correction.lower or None, value=c.value.enabled, value_clip=c.value.clip or None)
 
     @property
     def uses_ref(self) -> bool:
@@ -168,14 +198,27 @@ class Objective:
             return AdaptiveKLController.create(max(self.kl_coef, 1e-8), self.kl_target, self.kl_horizon)
         return FixedKLController.create(self.kl_coef)
 
+    def prepare(self, b, kl_coef):
+        """(new batch fields, statistics) of a scored rollout batch, before its updates: the rollout
+        correction (`is_weights`, and `loss_mask` without the rejected tokens), then the advantages
+        (`adv`, `returns`) on what is kept."""
+        weights, keep, stats = rollout_correction(b["behavior_logp"], b["old_logp"], b["mask"],
+                                                  mode=self.correction_mode, cap=self.correction_cap,
+                                                  lower=self.correction_lower)
+        loss_mask = b["loss_mask"] * keep
+        adv, returns, kl_stats = self.advantages({**b, "loss_mask": loss_mask}, kl_coef)
+        return {"adv": adv, "returns": returns, "loss_mask": loss_mask, "is_weights": weights}, {**stats, **kl_stats}
+
     def advantages(self, b, kl_coef):
         """(advantages (N,) or (N,T), returns (N,T) or None, KL statistics) of a scored rollout batch.
 
         kl_coef: the current β (traced). Statistics: `kl/ref` (token-mean k3 of the rollout against the
         reference) and `kl/seq_sum` (mean over rows of the summed estimator: the adaptive controller's
-        input); empty without a reference.
+        input); empty without a reference. A KL in the reward reaches an estimator of sequence scores
+        (group, RLOO) as score − β·Σ_t KL_t.
         """
         mask, stats, penalty = b["mask"], {}, None
+        estimator = ESTIMATORS[self.estimator]
         if self.uses_ref:
             k3 = kl_penalty(b["old_logp"], b["ref_logp"], "k3")
             stats["kl/ref"] = aggregate(k3, mask, "token-mean")
@@ -183,30 +226,47 @@ class Objective:
             stats["kl/seq_sum"] = jnp.mean(jnp.sum(kl_tok, axis=1))
             if self.kl_placement == "reward":
                 penalty = kl_coef * kl_tok
-        adv, returns = ESTIMATORS[self.estimator].fn(self, b, penalty)
+                if not estimator.token_rewards:
+                    b, penalty = {**b, "scores": b["scores"] - jnp.sum(penalty, axis=1)}, None
+        adv, returns = estimator.fn(self, b, penalty)
         return adv, returns, stats
 
-    def denominators(self, loss_mask):
-        """The normalisers of one optimizer step, over all its micro-batches: {'policy', 'value'}."""
-        return {"policy": aggregate_denominator(loss_mask, self.aggregate, norm_length=self.norm_length),
-                "value": aggregate_denominator(loss_mask, "token-mean")}
+    def denominators(self, mb):
+        """The normalisers of one optimizer step, over all its micro-batches (`mb` is the step's whole
+        minibatch): {'policy', 'value'[, 'nll']}."""
+        loss_mask = mb["loss_mask"]
+        den = {"policy": aggregate_denominator(loss_mask, self.aggregate, norm_length=self.norm_length),
+               "value": aggregate_denominator(loss_mask, "token-mean")}
+        if self.nll_coef > 0:
+            den["nll"] = jnp.sum(self._nll_mask(mb))
+        return den
+
+    def _nll_mask(self, mb):
+        """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
+        return mb["loss_mask"] * (mb["scores"] >= self.nll_threshold)[:, None]
 
     def policy_loss(self, logp, entropy, mb, kl_coef, den):
-        """Surrogate [+ β·KL in the loss] [− c_H·entropy] of one micro-batch, over the step's normaliser.
+        """Surrogate [+ β·KL in the loss] [− c_H·entropy] [+ NLL] of one micro-batch, over the step's
+        normalisers.
 
         logp, entropy: (n,T) of the policy being trained; mb: the micro-batch (old_logp, adv, loss_mask,
-        ref_logp when the KL is in the loss). Returns (loss, metrics): sums are weighted by the micro-
-        batch's loss tokens (`ntok`) so that micro-batches combine by addition; ratio extremes apart.
+        is_weights, scores, ref_logp when the KL is in the loss). Returns (loss, metrics): sums are
+        weighted by the micro-batch's loss tokens (`ntok`) so that micro-batches combine by addition;
+        ratio extremes apart.
         """
         m = mb["loss_mask"]
         pl, pm = policy_loss(
             logp, mb["old_logp"], mb["adv"], m, ratio=self.ratio, surrogate=self.surrogate,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
             sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg, cispo_max=self.cispo_max,
-            aggregate=self.aggregate, norm_length=self.norm_length, denominator=den["policy"])
+            aggregate=self.aggregate, norm_length=self.norm_length, denominator=den["policy"],
+            weights=mb["is_weights"])
         loss = pl
         if self.uses_ref and self.kl_placement == "loss":
             kl = kl_penalty(logp, mb["ref_logp"], self.kl_estimator)
+            if self.kl_importance_weighted:  # tokens come from the proximal policy, the term is at θ
+                ratio = jnp.exp(jnp.clip(logp - mb["old_logp"], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+                kl = kl * lax.stop_gradient(ratio)
             loss = loss + kl_coef * aggregate_sum(kl, m, self.aggregate) / den["policy"]
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate_sum(entropy, m, self.aggregate) / den["policy"]
@@ -214,6 +274,10 @@ class Objective:
         metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(m > 0, entropy, 0.0)), "ntok": ntok,
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
                    "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
+        if self.nll_coef > 0:
+            nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / jnp.maximum(den["nll"], 1.0)
+            loss = loss + self.nll_coef * nll
+            metrics["policy/nll"] = nll  # micro-batch shares of the step's NLL: they add up
         return loss, metrics
 
     def value_loss(self, values, mb, den):

@@ -118,15 +118,18 @@ class Trainer:
         t_upd = time.perf_counter()
         ref = state.ref_params if state.ref_params is not None else self.frozen_ref
         B, per_mb = c.rollout.batch_prompts, c.rollout.batch_prompts // c.train.minibatches
+        # VAPO's value pretraining: the first steps train the value model alone, the policy frozen.
+        update = fns.update_value if int(state.step) < c.value.pretrain_steps else fns.update
         with sharding.use_mesh(self.mesh):
             b.update(fns.score(state, ref, b))
-            b.setdefault("old_logp", b["sampler_logp"])
-            b["adv"], b["returns"], kl_stats = fns.advantages(b, state.kl.value)
+            b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed
+            fields, kl_stats = fns.prepare(b, state.kl.value)
+            b.update(fields)
             step_metrics, state = [], state.replace(rng=rng)
             for epoch in range(c.train.epochs):
                 perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
                 for m in range(c.train.minibatches):
-                    state, mm = fns.update(state, b, perm[m * per_mb:(m + 1) * per_mb])
+                    state, mm = update(state, b, perm[m * per_mb:(m + 1) * per_mb])
                     faults.point("update")  # the update is running on the donated state
                     step_metrics.append(mm)
             if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:

@@ -5,26 +5,33 @@ Rows are this process's: B_local prompts x G completions, prompt b owning rows b
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import numpy as np
 
 from jaxrl_llm import distributed as dist
-from jaxrl_llm import faults, sharding
+from jaxrl_llm import faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch
-from jaxrl_llm.rewards import compute_rewards
+from jaxrl_llm.rewards import score_rewards
 from jaxrl_llm.sampling import generate
 
 _PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # indexed by prompt; every other key by row
+# Rewards that shape length rather than judge the answer: DAPO's dynamic sampling ignores them by default.
+LENGTH_SHAPING = ("overlong", "length_penalty")
 
 
 class Rollouts:
     """Draws rollout batches from the prompt iterator with the current policy parameters."""
 
     def __init__(self, c, mc, mesh, data, tokenizer, reward_fns, eos_ids, pad_id):
-        self.c, self.mc, self.mesh, self.data, self.tokenizer = c, mc, mesh, data, tokenizer
+        self.c, self.mesh, self.data, self.tokenizer = c, mesh, data, tokenizer
         self.reward_fns, self.eos_ids, self.pad_id = reward_fns, eos_ids, pad_id
+        # The sampler may compute in another precision than the trainer (a bfloat16 sampler, as an
+        # inference engine would be): the rollout correction then sees the gap.
+        self.mc = dataclasses.replace(mc, dtype=c.rollout.compute_dtype) if c.rollout.compute_dtype else mc
+        self.process = rl.ESTIMATORS[c.advantage.estimator].process
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
 
@@ -42,13 +49,28 @@ class Rollouts:
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
-                 "lengths": dist.to_local(r.lengths), "truncated": dist.to_local(r.truncated)}
+                 "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
+                 "truncated": dist.to_local(r.truncated)}
         prompts, completions, columns = self._texts(batch, local)
-        scores, reward_metrics = compute_rewards(self.reward_fns, prompts, completions, columns,
-                                                 on_error=c.reward.on_error)
-        local["scores"] = scores
-        local["valid"] = np.ones(len(scores), np.float32)
-        return local, prompts, completions, reward_metrics
+        rewards = score_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
+        local["scores"] = rewards.scores
+        local["filter_scores"] = self._filter_scores(rewards)
+        local["valid"] = np.ones(len(rewards.scores), np.float32)
+        if self.process:
+            local["process_rewards"], local["process_mask"] = process_arrays(rewards.steps, local["lengths"],
+                                                                              local["mask"].shape[1])
+        return local, prompts, completions, rewards.metrics
+
+    def _filter_scores(self, rewards):
+        """What DAPO's dynamic sampling compares within a group (`dapo.filter_on`): by default the
+        rewards but length shaping, so a group that is all wrong is dropped whatever its lengths."""
+        on = self.c.dapo.filter_on
+        if on == "total":
+            return rewards.scores
+        if on:
+            return rewards.components[on]
+        judged = [v for name, v in rewards.components.items() if name not in LENGTH_SHAPING]
+        return np.sum(judged, axis=0).astype(np.float32) if judged else rewards.scores
 
     def _texts(self, batch, local):
         """(prompts, completions, columns) of every row, as the reward functions receive them."""
@@ -98,10 +120,29 @@ class Rollouts:
             loss_mask = loss_mask * (~local["truncated"])[:, None]
         put = lambda x, dtype: dist.to_global(np.asarray(x, dtype),
                                               self.rows_sharding if np.ndim(x) == 2 else self.vec_sharding)
-        return {"prompt_tokens": put(local["prompt_tokens"], np.int32), "prompt_mask": put(local["prompt_mask"], np.int32),
-                "tokens": put(local["tokens"], np.int32), "mask": put(local["mask"], np.int32),
-                "loss_mask": put(loss_mask, np.float32), "sampler_logp": put(local["sampler_logp"], np.float32),
-                "scores": put(local["scores"], np.float32)}
+        out = {"prompt_tokens": put(local["prompt_tokens"], np.int32), "prompt_mask": put(local["prompt_mask"], np.int32),
+               "tokens": put(local["tokens"], np.int32), "mask": put(local["mask"], np.int32),
+               "loss_mask": put(loss_mask, np.float32), "sampler_logp": put(local["sampler_logp"], np.float32),
+               "behavior_logp": put(local["behavior_logp"], np.float32), "scores": put(local["scores"], np.float32),
+               "truncated": put(local["truncated"], np.int32)}
+        if self.process:
+            out.update(process_rewards=put(local["process_rewards"], np.float32),
+                       process_mask=put(local["process_mask"], np.float32))
+        return out
+
+
+def process_arrays(steps, lengths, T: int):
+    """(step rewards (N,T), step mask (N,T)) from each row's (token index, reward) steps; an index past
+    the row's completion is an error naming the row."""
+    rewards, mask = np.zeros((len(steps), T), np.float32), np.zeros((len(steps), T), np.float32)
+    for i, row in enumerate(steps):
+        for t, r in row:
+            if t >= lengths[i]:
+                raise ValueError(f"a process reward put a step at token index {t} on row {i}, whose completion "
+                                 f"has {int(lengths[i])} tokens")
+            rewards[i, t] += r  # several process rewards may close a step at one token
+            mask[i, t] = 1.0
+    return rewards, mask
 
 
 def split_groups(local: dict, G: int):
@@ -110,7 +151,7 @@ def split_groups(local: dict, G: int):
     for g in range(len(local["scores"]) // G):
         rows = slice(g * G, (g + 1) * G)
         group = {k: (v[g:g + 1] if k in _PROMPT_KEYS else v[rows]) for k, v in local.items()}
-        (kept if np.ptp(group["scores"]) > 0 else spare).append(group)
+        (kept if np.ptp(group["filter_scores"]) > 0 else spare).append(group)
     return kept, spare
 
 

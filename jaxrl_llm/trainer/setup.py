@@ -163,6 +163,8 @@ def build_rewards(c, mesh, callables: Sequence[Callable[..., Any]] = ()) -> list
     for spec, weight in config_lib.reward_specs(c):
         fn = by_name.get(spec)
         kwargs = dict(c.reward.kwargs.get(fn.__name__ if fn is not None else spec.split(":")[-1], {}))
+        if spec == "overlong" and c.dapo.overlong_buffer:  # DAPO's buffer, unless reward.kwargs says otherwise
+            kwargs.setdefault("buffer", c.dapo.overlong_buffer)
         if spec == "reward_model":  # scored on the training mesh with the same sharding rules
             # Each host scores only its own rows: across hosts, on a mesh of this host's devices (the
             # global mesh would take every host's different rows for one global batch).

@@ -1,8 +1,11 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch)  -> reference log-probs, old values, recomputed old log-probs (N,T)
-  advantages(batch, kl_coef)       -> advantages, returns, KL statistics (`Objective.advantages`)
+  score(state, ref_params, batch)  -> reference log-probs, old values [and V(s_T)], recomputed proximal
+                                      log-probs, each (N,T)
+  prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
+                                      (`Objective.prepare`)
   update(state, batch, prompts)    -> state after one optimizer step on those prompts' rows, metrics
+  update_value(state, batch, prompts) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
 The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
@@ -29,8 +32,9 @@ _EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combine
 @flax.struct.dataclass
 class StepFunctions:
     score: Any = flax.struct.field(pytree_node=False)
-    advantages: Any = flax.struct.field(pytree_node=False)
+    prepare: Any = flax.struct.field(pytree_node=False)
     update: Any = flax.struct.field(pytree_node=False)
+    update_value: Any = flax.struct.field(pytree_node=False)
     refresh_ref: Any = flax.struct.field(pytree_node=False)
 
 
@@ -57,7 +61,15 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
         out = {}
         if objective.uses_ref:
             out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature)
-        if objective.value:
+        if objective.value and objective.bootstrap_truncated:
+            # One more column: its value is V(s_T), the state after the last token (the dummy token fed
+            # at T is seen by no earlier position).
+            ext = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
+                   "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
+            values = values_of(mc, state.value_params, ext)
+            out["old_values"] = jnp.where(b["mask"] > 0, values[:, :-1], 0.0)
+            out["last_values"] = jnp.where(b["truncated"] > 0, values[:, -1], 0.0)
+        elif objective.value:
             out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b), 0.0)
         if plan.recompute_logprobs:
             out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature), 0.0)
@@ -72,13 +84,15 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
         n_prompts = b["prompt_tokens"].shape[0]
         chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
         outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx, G)), chunks)
-        # (k, B/k*G, T) -> (B/k, k, G, T) -> (N, T): prompt i*k + j is row block (i, j).
-        return {name: x.reshape(k, n_prompts // k, G, -1).swapaxes(0, 1).reshape(n_prompts * G, -1)
+        # (k, B/k*G, ...) -> (B/k, k, G, ...) -> (N, ...): prompt i*k + j is row block (i, j).
+        return {name: x.reshape(k, n_prompts // k, G, *x.shape[2:]).swapaxes(0, 1).reshape(n_prompts * G, *x.shape[2:])
                 for name, x in outs.items()}
     return score
 
 
-def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
+def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_policy: bool = True):
+    """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
+    and only the value model learns (VAPO's value pretraining)."""
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
@@ -95,7 +109,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
     def gradients(state, b, pidx):
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's)."""
-        den = objective.denominators(minibatch(b, pidx, plan.group_size)["loss_mask"])
+        den = objective.denominators(minibatch(b, pidx, plan.group_size))
         grad_fn = jax.value_and_grad(losses, argnums=(0, 1), has_aux=True)
 
         def one(p):
@@ -119,8 +133,10 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
         (loss, (g, vg), aux), (rmin, rmax, diff) = gradients(state, b, pidx)
         gnorm = optax.global_norm(g)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        updates, opt_state = tx.update(g, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        params, opt_state = state.params, state.opt_state
+        if train_policy:
+            updates, opt_state = tx.update(g, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         value_params, value_opt_state, metrics = state.value_params, state.value_opt_state, {}
         if objective.value:
             vupdates, value_opt_state = value_tx.update(vg, state.value_opt_state, state.value_params)
@@ -132,7 +148,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
             params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
             value_params=keep(value_params, state.value_params),
             value_opt_state=keep(value_opt_state, state.value_opt_state),
-            opt_step=state.opt_step + ok.astype(jnp.int32), nonfinite=jnp.where(ok, 0, state.nonfinite + 1))
+            opt_step=state.opt_step + (ok & train_policy).astype(jnp.int32),
+            nonfinite=jnp.where(ok, 0, state.nonfinite + 1))
         ntok = jnp.maximum(aux.pop("ntok"), 1.0)
         for k, v in aux.items():  # "<name>_sum" are sums weighted by tokens: back to per-token means
             metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
@@ -151,9 +168,10 @@ def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh
     compiled programs."""
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
     alpha = plan.ref_mix_alpha
+    jit_update = lambda train_policy: jax.jit(make_update(objective, plan, mc, train_policy), donate_argnums=(0,),
+                                              out_shardings=(state_shardings, sharding.replicated(mesh)))
     return StepFunctions(
-        score=jax.jit(make_score(objective, plan, mc)), advantages=jax.jit(objective.advantages),
-        update=jax.jit(make_update(objective, plan, mc), donate_argnums=(0,),
-                       out_shardings=(state_shardings, sharding.replicated(mesh))),
+        score=jax.jit(make_score(objective, plan, mc)), prepare=jax.jit(objective.prepare),
+        update=jit_update(True), update_value=jit_update(False) if objective.value else None,
         refresh_ref=jax.jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
                             donate_argnums=(0,)))

@@ -26,7 +26,9 @@ PRESETS = {
     "gspo": {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4, "rollout.recompute_logprobs": True},
     "gspo_token": {"loss.ratio": "sequence_token", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4,
                    "rollout.recompute_logprobs": True},
-    "sapo": {"loss.surrogate": "sapo", "loss.aggregate": "token-mean"},
+    # SAPO's objective averages each sequence's gated token terms over its length, then over the group
+    # (the GRPO/GSPO form its paper writes); docs/algorithms/sapo_cispo.md.
+    "sapo": {"loss.surrogate": "sapo", "loss.aggregate": "seq-mean-token-mean"},
     "cispo": {"loss.surrogate": "cispo", "loss.aggregate": "token-mean"},
     "rloo": {"advantage.estimator": "rloo", "loss.aggregate": "token-mean"},
     "reinforce_pp": {"advantage.estimator": "reinforce_pp", "loss.aggregate": "token-mean", "kl.coef": 0.01,

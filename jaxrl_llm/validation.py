@@ -131,8 +131,9 @@ def _validate_advantage(c) -> None:
               c.rollout.group_size)
     _check_choice(c, "advantage.scale", rl.ADVANTAGE_SCALES)
     _check(c, "advantage.eps", lambda v: _is_num(v) and v > 0, "a number > 0")
-    for f in ("advantage.gamma", "advantage.lam", "advantage.lam_value"):
+    for f in ("advantage.gamma", "advantage.lam"):
         _check(c, f, lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
+    _check(c, "advantage.lam_value", lambda v: _is_num(v) and (0 <= v <= 1 or v == -1), "in [0, 1], or -1 (= lam)")
     _check(c, "advantage.adaptive_lam_alpha", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "advantage.bootstrap_truncated", lambda v: isinstance(v, bool), "True or False")
     if c.advantage.bootstrap_truncated and not estimator.value:

@@ -79,8 +79,8 @@ def test_a_registered_estimator_is_accepted_and_used_without_touching_config_or_
 def test_estimator_needs_are_enforced():
     with pytest.raises(ValueError, match="value.enabled must be True with the gae estimator"):
         prepared("grpo", **{"advantage.estimator": "gae"})
-    with pytest.raises(ValueError, match="kl.placement must be 'loss' with the rloo estimator"):
-        prepared("rloo", **{"kl.placement": "reward", "kl.coef": 0.1})
+    # A sequence-score estimator takes the KL in the reward summed over the row (tests/test_off_policy.py).
+    assert prepared("rloo", **{"kl.placement": "reward", "kl.coef": 0.1, "kl.estimator": "k1"}).kl.placement == "reward"
     with pytest.raises(ValueError, match="needs a value model"):
         rl.Objective(group_size=4, estimator="gae")
     with pytest.raises(ValueError, match="Objective.surrogate must be one of clip, sapo, cispo"):
@@ -114,7 +114,7 @@ def test_advantages_are_the_estimator_functions(algo):
     else:
         rewards = rl.token_rewards(b["scores"], b["mask"], beta * kl)
         want, want_returns = rl.gae(rewards, b["old_values"], b["mask"], gamma=c.advantage.gamma, lam=c.advantage.lam,
-                                    lam_value=c.advantage.lam_value)
+                                    lam_value=o.lam_value)
         want = rl.whiten(want, b["loss_mask"])
         np.testing.assert_allclose(returns, want_returns, rtol=1e-6)
     np.testing.assert_allclose(adv, want, rtol=1e-6, atol=1e-7)
@@ -133,7 +133,7 @@ def test_policy_loss_adds_up_over_micro_batches_and_has_the_kl_gradient(algo):
     b["adv"] = jnp.asarray(rng.normal(size=8), jnp.float32)
     logp = b["old_logp"] + jnp.asarray(0.1 * rng.normal(size=(8, 6)), jnp.float32)
     ent = jnp.asarray(rng.uniform(size=(8, 6)), jnp.float32)
-    den = o.denominators(b["loss_mask"])
+    den = o.denominators(b)
     beta = jnp.float32(0.1)
     whole, _ = o.policy_loss(logp, ent, b, beta, den)
     parts = [o.policy_loss(logp[s], ent[s], {k: v[s] for k, v in b.items()}, beta, den)[0]
@@ -153,7 +153,7 @@ def test_value_loss_and_metrics_are_token_weighted():
     b = _batch(np.random.default_rng(2), 4, 5, 1)
     b["returns"] = b["old_values"] + 0.5
     values = b["old_values"] + 0.3
-    loss, m = o.value_loss(values, b, o.denominators(b["loss_mask"]))
+    loss, m = o.value_loss(values, b, o.denominators(b))
     want, wm = rl.value_loss(values, b["old_values"], b["returns"], b["loss_mask"], clip=0.2)
     np.testing.assert_allclose(loss, want, rtol=1e-6)
     np.testing.assert_allclose(m["value/clipfrac_sum"] / jnp.sum(b["loss_mask"]), wm["clipfrac"], rtol=1e-6)
@@ -166,5 +166,5 @@ def test_kl_controller_from_the_objective():
 
 
 def test_estimator_registry_lives_in_rl():
-    assert set(rl.ESTIMATORS) == {"gae", "group", "rloo", "reinforce_pp"}
+    assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp"}
     assert objective_lib.ESTIMATORS is rl.ESTIMATORS

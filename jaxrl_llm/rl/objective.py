@@ -124,7 +124,7 @@ class Objective:
     whiten: bool = False  # GAE advantages whitened over the loss tokens
     gamma: float = 1.0
     lam: float = 0.95
-    lam_value: float = 1.0  # λ of the value targets (decoupled GAE)
+    lam_value: float | None = None  # λ of the value targets; None = lam (decoupled GAE when set)
     adaptive_lam_alpha: float = 0.0  # > 0: λ = 1 − 1/(α·|o|) (VAPO)
     reinforce_pp_baseline: bool = False
     bootstrap_truncated: bool = False  # GAE: V(s_T) after a truncated row's last token (batch["last_values"])
@@ -176,7 +176,7 @@ class Objective:
         a, loss, kl = c.advantage, c.loss, c.kl
         return cls(
             group_size=c.rollout.group_size, estimator=a.estimator, scale=a.scale, eps=a.eps, whiten=a.whiten,
-            gamma=a.gamma, lam=a.lam, lam_value=a.lam_value, adaptive_lam_alpha=a.adaptive_lam_alpha,
+            gamma=a.gamma, lam=a.lam, lam_value=None if a.lam_value < 0 else a.lam_value, adaptive_lam_alpha=a.adaptive_lam_alpha,
             reinforce_pp_baseline=a.reinforce_pp_baseline, bootstrap_truncated=a.bootstrap_truncated,
             ratio=loss.ratio, surrogate=loss.surrogate, nll_coef=loss.nll_coef, nll_threshold=loss.nll_threshold,
             clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip or None,
@@ -260,7 +260,7 @@ class Objective:
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
             sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg, cispo_max=self.cispo_max,
             aggregate=self.aggregate, norm_length=self.norm_length, denominator=den["policy"],
-            weights=mb["is_weights"])
+            weights=mb.get("is_weights"))  # absent: a batch that did not go through `prepare`
         loss = pl
         if self.uses_ref and self.kl_placement == "loss":
             kl = kl_penalty(logp, mb["ref_logp"], self.kl_estimator)

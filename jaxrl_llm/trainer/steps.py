@@ -110,7 +110,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's)."""
         den = objective.denominators(minibatch(b, pidx, plan.group_size))
-        grad_fn = jax.value_and_grad(losses, argnums=(0, 1), has_aux=True)
+        # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
+        grad_fn = jax.value_and_grad(losses, argnums=(0, 1) if train_policy else (1,), has_aux=True)
 
         def one(p):
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
@@ -130,8 +131,9 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
 
     def update(state, b, pidx):
         """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite."""
-        (loss, (g, vg), aux), (rmin, rmax, diff) = gradients(state, b, pidx)
-        gnorm = optax.global_norm(g)
+        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx)
+        (g, vg) = grads if train_policy else (None, grads[0])
+        gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         params, opt_state = state.params, state.opt_state
         if train_policy:

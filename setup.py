@@ -26,6 +26,7 @@ setup(
         # The second judge of math_answer (run in its worker process); the extra pins its LaTeX parser.
         "math-verify[antlr4_13_2]>=0.9.0",
         "matplotlib>=3.8",
+        "jinja2>=3.1",  # transformers' apply_chat_template needs it; torch (test-only) used to bring it
     ],
     extras_require={
         # torch runs transformers in parity tests only; library code never imports it.

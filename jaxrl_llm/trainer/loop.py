@@ -119,7 +119,8 @@ class Trainer:
         ref = state.ref_params if state.ref_params is not None else self.frozen_ref
         B, per_mb = c.rollout.batch_prompts, c.rollout.batch_prompts // c.train.minibatches
         # VAPO's value pretraining: the first steps train the value model alone, the policy frozen.
-        update = fns.update_value if int(state.step) < c.value.pretrain_steps else fns.update
+        pretraining = c.value.pretrain_steps > 0 and int(state.step) < c.value.pretrain_steps  # no sync when off
+        update = fns.update_value if pretraining else fns.update
         with sharding.use_mesh(self.mesh):
             b.update(fns.score(state, ref, b))
             b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -72,6 +73,12 @@ def _truncate_jsonl(path: epath.Path, max_step: int) -> list[str]:
         tmp.write_text("".join(keep), encoding="utf-8")
         tmp.replace(path)
     return keep
+
+
+def tensorboard_tag(name: str) -> str:
+    """The TensorBoard name of a metric: tensorboardX accepts only [-/\w.], so `eval/pass@8` is written
+    `eval/pass_at_8` (tensorboardX would rename it itself, logging a line for every write)."""
+    return re.sub(r"[^-/\w.]", "_", name.replace("@", "_at_"))
 
 
 def _jsonable(v):
@@ -132,7 +139,7 @@ class MetricsWriter:
         if self.tb is not None:
             for k, v in scalars.items():
                 if k != "step" and isinstance(v, (int, float, np.floating, np.integer)):
-                    self.tb.add_scalar(k, float(v), int(step))
+                    self.tb.add_scalar(tensorboard_tag(k), float(v), int(step))
 
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:

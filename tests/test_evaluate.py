@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm import config as config_lib
+from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.data.tasks import digit_puzzles, is_held_out
 from jaxrl_llm.evaluate import (load_eval_data, majority_vote, pass_at_k, pass_at_k_array, pass_ks, summarize,
                                 vote_key)
@@ -113,22 +114,27 @@ EVAL = {"eval.every_steps": 2, "eval.num_prompts": 6, "eval.k": 4, "eval.correct
 @pytest.fixture(scope="module")
 def run_with_eval(tmp_path_factory):
     wd = tmp_path_factory.mktemp("eval_run")
-    history = Trainer(small_config(total_steps=3, **EVAL), str(wd)).run()
-    return wd, history
+    trainer = Trainer(small_config(total_steps=3, **EVAL), str(wd))
+    history = trainer.run()
+    return wd, history, trainer.initial_eval
 
 
 def test_in_loop_rows_and_no_effect_on_training(run_with_eval, tmp_path):
-    wd, history = run_with_eval
+    wd, history, initial = run_with_eval
     rows = read_jsonl(wd / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and [h["step"] for h in history] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and [h["step"] for h in history] == [1, 2, 3]
+    assert {k: v for k, v in rows[0].items() if k != "step"} == initial
     evaluated = [r["step"] for r in rows if "eval/pass@1" in r]
     assert evaluated == [0, 2, 3]  # before training, every 2 steps, at the end
     assert {"eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/mean_reward", "eval/maj@4", "eval/level1/pass@1",
             "eval/time_s"} <= set(rows[-1])
     assert "reward/mean" not in rows[0] and history[-1]["eval/mean_reward"] == rows[-1]["eval/mean_reward"]
+    assert metrics_lib.tensorboard_tag("eval/level1/pass@4") == "eval/level1/pass_at_4"  # tensorboardX has no @
+    assert metrics_lib.held_out_keys(rows) == ["eval/pass@1", "eval/pass@4", "eval/maj@4"]  # curves.png panel
     # The evaluation draws from a stream of its own: training is the same as without it.
     plain = read_jsonl_after(Trainer(small_config(total_steps=3, **{**EVAL, "eval.every_steps": 0}),
                                      str(tmp_path)).run())
+    assert len(plain) == 3
     for a, b in zip(rows[1:], plain):
         assert {k: v for k, v in a.items() if not k.startswith(("eval/", "perf/"))} == \
                {k: v for k, v in b.items() if not k.startswith("perf/")}
@@ -146,7 +152,7 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("step", [3, 2])
 def test_command_line_gives_the_loops_numbers(run_with_eval, step):
-    wd, _ = run_with_eval
+    wd, _, _ = run_with_eval
     proc = run_cli(f"--workdir={wd}", f"--step={step}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((wd / "eval" / f"step_{step}.json").read_text())

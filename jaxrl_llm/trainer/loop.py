@@ -5,8 +5,8 @@
   each step  rollout (sample G completions per prompt, rewards, [DAPO resampling]) -> score pass
              (reference log-probs, old values) -> advantages -> E epochs x M minibatches of the jitted,
              state-donating update -> metrics, samples, checkpoint
-  eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0), then
-             every k steps and at the end, in that step's row (jaxrl_llm/evaluate)
+  eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
+             metric files; `initial_eval`), then every k steps and at the end, in that step's row
   end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
 
 An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
@@ -75,6 +75,7 @@ class Trainer:
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
         self.evaluator = self._evaluator(callables) if c.eval.every_steps else None
+        self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
         self.start_step = self._restore()
@@ -174,9 +175,11 @@ class Trainer:
         if c.log.progress and dist.is_main():
             from tqdm import tqdm
             progress = tqdm(total=c.total_steps, initial=self.start_step, desc=f"{c.algo}", dynamic_ncols=True)
-        if self.evaluator is not None and self.start_step == 0:  # the initial policy's, as its own row
-            history.append({**self.evaluator(state.params)[0], "step": 0.0})
-            self.writer.write(0, history[-1])
+        if self.evaluator is not None and self.start_step == 0:
+            # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
+            # one row per training step.
+            self.initial_eval = self.evaluator(state.params)[0]
+            self.writer.write(0, self.initial_eval)
         with progress as bar:
             for step in range(self.start_step, c.total_steps):
                 state, m, samples = self.train_step(state)

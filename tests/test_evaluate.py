@@ -166,6 +166,24 @@ def test_command_line_gives_the_loops_numbers(run_with_eval, step):
     assert "eval/pass@1" in proc.stdout
 
 
+def test_command_line_on_the_exported_model_gives_the_same_numbers(run_with_eval, tmp_path):
+    """--model with a config file: the run's final parameters as a Hugging Face model."""
+    from jaxrl_llm.export import export
+    wd, _, _ = run_with_eval
+    export(str(wd), str(tmp_path / "hf"), 3)
+    fields = {"rollout.batch_prompts": 4, "rollout.group_size": 2, "rollout.max_new_tokens": 3,
+              "reward.functions": "fixtures_rewards:digit_fraction", **EVAL}
+    proc = run_cli(f"--model={tmp_path / 'hf'}", f"--config={ROOT}/configs/tiny.py", f"--out={tmp_path / 'out'}",
+                   *(f"--config.{k}={v}" for k, v in fields.items()))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "model.json").read_text())
+    logged = next(r for r in read_jsonl(wd / "metrics.jsonl") if r["step"] == 3)
+    assert report["step"] is None and report["source"] == str(tmp_path / "hf")
+    for k, v in report["metrics"].items():
+        if k != "eval/time_s":
+            assert v == pytest.approx(logged[k], abs=1e-9), k
+
+
 def test_command_line_errors_are_one_line(tmp_path):
     for args, message in [((f"--workdir={tmp_path}",), "config.json: not found"),
                           ((), "give either --workdir"),

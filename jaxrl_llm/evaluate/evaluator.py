@@ -105,6 +105,9 @@ class Evaluator:
         self.batch = eval_batch_prompts(c, mesh, self.num_prompts)
         self.vote = bool(c.data.answer_column) and c.data.answer_column in self.rows
         self.builtin = bool(c.data.task and not c.eval.path)
+        # A per-level breakdown where the rows have integer levels (the built-in task's `level` column).
+        self.levels = "level" in self.rows and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                   for v in self.rows["level"])
         self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
 
@@ -118,7 +121,7 @@ class Evaluator:
         s = np.concatenate(stats)
         s = s[s[:, 0] > 0]  # the padding of the last batch
         m = summarize(self.k, s[:, 1].astype(np.int64), s[:, 2], s[:, 3] if self.vote else None,
-                      s[:, 4].astype(np.int64) if "level" in self.rows else None)
+                      s[:, 4].astype(np.int64) if self.levels else None)
         m["eval/time_s"] = time.perf_counter() - t0
         return m, samples
 
@@ -149,7 +152,7 @@ class Evaluator:
         correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
         votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]
                  if self.vote else False for b in range(len(index))]
-        level = batch.get("level", [0] * len(index))
+        level = batch["level"] if self.levels else [0] * len(index)
         stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level],
                          axis=1).astype(np.float64)
         rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),

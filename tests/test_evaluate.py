@@ -14,8 +14,8 @@ import pytest
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.data.tasks import digit_puzzles, is_held_out
-from jaxrl_llm.evaluate import (load_eval_data, majority_vote, pass_at_k, pass_at_k_array, pass_ks, summarize,
-                                vote_key)
+from jaxrl_llm.evaluate import (load_eval_data, majority_vote, pass_at_k, pass_at_k_array, pass_ks, reward_config,
+                                summarize, vote_key)
 from jaxrl_llm.trainer import Trainer
 
 from test_trainer import ROOT, read_jsonl, small_config
@@ -210,6 +210,14 @@ def test_greedy_takes_one_sample_and_reuses_the_training_sampler(tmp_path):
     before = generate_program._cache_size()
     Trainer(small_config(total_steps=1, **same), str(tmp_path / "same")).run()
     assert generate_program._cache_size() - before == 0
+
+
+def test_eval_rewards_default_to_training_ones_without_overlong_shaping():
+    dapo = config_lib.prepare(small_config("dapo"))
+    assert [n for n, _ in config_lib.reward_specs(dapo)] == ["fixtures_rewards:digit_fraction", "overlong"]
+    assert config_lib.reward_specs(reward_config(dapo)) == [("fixtures_rewards:digit_fraction", 1.0)]
+    own = config_lib.prepare(small_config(**{"eval.rewards": "digit_puzzles, format", "reward.weights": "2.0"}))
+    assert config_lib.reward_specs(reward_config(own)) == [("digit_puzzles", 1.0), ("format", 1.0)]
 
 
 # ------------------------------------------------------------------------------------ config errors

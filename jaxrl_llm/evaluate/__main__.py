@@ -8,7 +8,8 @@ gives the numbers the loop logged for that step (eval.every_steps on, same mesh)
 config file names the data, rewards and eval section, and the model is HF_DIR (e.g. the base model
 before training). Prints a table; writes the report `<name>.json` and every sample `<name>.samples.jsonl`
 to OUT (default DIR/eval), name `step_<N>` or `model`. Deterministic given the seed. Multi-host like
-`jaxrl_llm.train` (--coordinator/--num_processes/--process_id, or from the environment).
+`jaxrl_llm.train` (--coordinator/--num_processes/--process_id, or from the environment): every process
+samples its share of each batch, the metrics cover all of them, and process 0 writes its own samples.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def run_config(workdir: str | None, model: str | None, config):
 
 
 def evaluate_run(c, source: str, workdir: str | None, step: int | None):
-    """(metrics, samples, step or None): the held-out evaluation of a checkpoint or of c.model.path."""
+    """(metrics, this process's samples, step or None, number of prompts): the held-out evaluation of a
+    checkpoint or of c.model.path."""
     import jax
 
     from jaxrl_llm import evaluate, sharding
@@ -80,7 +82,7 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
     evaluator = evaluate.Evaluator(c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id,
                                    evaluate.load_eval_data(c, tokenizer))
     metrics, samples = evaluator(params)
-    return metrics, samples, step if source == "checkpoint" else None
+    return metrics, samples, step if source == "checkpoint" else None, evaluator.num_prompts
 
 
 def write_report(out: str, name: str, report: dict, samples: list[dict]) -> tuple[str, str]:
@@ -111,12 +113,12 @@ def main(argv):
             raise ValueError("--out is required with --model")
         from jaxrl_llm import distributed
         distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-        metrics, samples, step = evaluate_run(c, source, _WORKDIR.value, _STEP.value)
+        metrics, samples, step, num_prompts = evaluate_run(c, source, _WORKDIR.value, _STEP.value)
         if not distributed.is_main():
             return
         name = f"step_{step}" if step is not None else "model"
         report = {"source": _WORKDIR.value or _MODEL.value, "step": step, "seed": c.seed, "eval": c.eval.to_dict(),
-                  "num_prompts": len({s["prompt_index"] for s in samples}), "metrics": metrics}
+                  "num_prompts": num_prompts, "metrics": metrics}
         paths = write_report(out, name, report, samples)
         print(table(metrics))
         print(f"wrote {paths[0]} and {paths[1]}")

@@ -46,7 +46,8 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # The shapes of tests/test_trainer.py's small_config: with a warm compilation cache the smoke run
 # compiles nothing (the reward is the built-in task's own, so the run needs nothing from tests/).
 SMALL = {"model.hidden_size": 32, "model.num_layers": 1, "model.intermediate_size": 64,
-         "rollout.batch_prompts": 4, "rollout.group_size": 2, "rollout.max_new_tokens": 3, "data.task_rows": 64}
+         "rollout.batch_prompts": 4, "rollout.group_size": 2, "rollout.max_new_tokens": 3, "data.task_rows": 64,
+         "eval.every_steps": 0}
 
 
 def rss_bytes() -> int:

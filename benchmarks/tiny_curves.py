@@ -1,11 +1,13 @@
-"""Runs the embedded default (configs/tiny.py) for each algorithm and plots the reward curves.
+"""Runs the embedded default (configs/tiny.py) for each algorithm and plots the reward curves beside
+the held-out pass@1 (128 prompts of the task's test split, never trained on, 16 samples each).
 
   python benchmarks/tiny_curves.py [--algos grpo,dr_grpo,dapo,gspo,sapo,ppo] [--steps N] [--out docs/tiny_curves.png]
 
 For every algorithm, each in its own process (a fresh start, compile included, like a user's run), it
 prints the wall time of the whole run and checks the issue's bar: the mean reward of the last 10% of
 steps must reach the initial mean reward (that of the random initial policy: the first 10 steps) plus
-half of the headroom to the maximum reward 1.0.
+half of the headroom to the maximum reward 1.0. The table also gives the held-out pass@1 and pass@8 of the
+initial policy (step 0) and of the final one.
 Writes the PNG and a markdown table (docs/tiny_curves.md) that the README shows.
 """
 from __future__ import annotations
@@ -36,6 +38,14 @@ def run(algo: str, steps: int | None, workdir: str) -> tuple[float, list[dict]]:
         return wall, [json.loads(line) for line in f]
 
 
+def held_out(rows: list[dict]) -> tuple[np.ndarray, dict]:
+    """(steps and pass@1 of every evaluation, {pass@1, pass@8: (initial, final)})."""
+    ev = [r for r in rows if "eval/pass@1" in r]
+    curve = np.array([(r["step"], r["eval/pass@1"]) for r in ev])
+    ends = {k: (ev[0].get(f"eval/{k}", np.nan), ev[-1].get(f"eval/{k}", np.nan)) for k in ("pass@1", "pass@8")}
+    return curve, ends
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--algos", default=",".join(ALGOS))
@@ -46,32 +56,43 @@ def main():
     for algo in args.algos.split(","):
         with tempfile.TemporaryDirectory() as work:
             wall, rows = run(algo, args.steps or None, work)
-        r = np.array([row["reward/mean"] for row in rows])
+        r = np.array([row["reward/mean"] for row in rows if "reward/mean" in row])  # step 0: evaluation only
         init, final = r[:10].mean(), r[-max(1, len(r) // 10):].mean()
         need = init + 0.5 * (1.0 - init)
-        results[algo] = dict(wall=wall, steps=len(r), init=init, final=final, need=need, curve=r)
+        ev_curve, ends = held_out(rows)
+        results[algo] = dict(wall=wall, steps=len(r), init=init, final=final, need=need, curve=r, eval=ev_curve,
+                             **ends)
         print(f"{algo:8s} {len(r):4d} steps {wall:6.1f} s  reward {init:+.3f} -> {final:+.3f} "
-              f"(bar {need:.3f}) {'PASS' if final >= need and wall <= 300 else 'FAIL'}", flush=True)
+              f"(bar {need:.3f}) {'PASS' if final >= need and wall <= 300 else 'FAIL'}  held-out pass@1 "
+              f"{ends['pass@1'][0]:.3f} -> {ends['pass@1'][1]:.3f}, pass@8 {ends['pass@8'][0]:.3f} -> "
+              f"{ends['pass@8'][1]:.3f}", flush=True)
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for algo, res in results.items():
+    fig, (ax, ax_eval) = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (algo, res) in enumerate(results.items()):
         r = res["curve"]
         w = max(1, len(r) // 40)
         smooth = np.convolve(r, np.ones(w) / w, mode="valid")
-        ax.plot(np.arange(len(smooth)) + w, smooth, label=f"{algo} ({res['wall']:.0f} s)")
+        ax.plot(np.arange(len(smooth)) + w, smooth, color=f"C{i}", label=f"{algo} ({res['wall']:.0f} s)")
+        if len(res["eval"]):
+            ax_eval.plot(res["eval"][:, 0], res["eval"][:, 1], color=f"C{i}", marker="o", ms=3, label=algo)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward (moving average)")
-    ax.set_title("configs/tiny.py: digit puzzles from a random init, CPU")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_title("configs/tiny.py: training reward, digit puzzles from a random init, CPU", fontsize=9)
+    ax_eval.set_xlabel("step")
+    ax_eval.set_ylabel("held-out pass@1")
+    ax_eval.set_title("held-out pass@1: 128 test-split prompts never trained on, 16 samples each", fontsize=9)
+    for a in (ax, ax_eval):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
-    table = ["| algo | steps | wall time | initial reward | final reward | bar (initial + half headroom) |",
-             "|---|---|---|---|---|---|"]
-    table += [f"| {a} | {r['steps']} | {r['wall']:.0f} s | {r['init']:.3f} | {r['final']:.3f} | {r['need']:.3f} |"
+    table = ["| algo | steps | wall time | initial reward | final reward | bar (initial + half headroom) "
+             "| held-out pass@1 | held-out pass@8 |", "|---|---|---|---|---|---|---|---|"]
+    table += [f"| {a} | {r['steps']} | {r['wall']:.0f} s | {r['init']:.3f} | {r['final']:.3f} | {r['need']:.3f} "
+              f"| {r['pass@1'][0]:.3f} → {r['pass@1'][1]:.3f} | {r['pass@8'][0]:.3f} → {r['pass@8'][1]:.3f} |"
               for a, r in results.items()]
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write("\n".join(table) + "\n")

@@ -173,6 +173,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.export.at_end = True  # write a Hugging Face model (with tokenizer) to <workdir>/hf at the end
     c.export.dtype = ""  # "" = parameter dtype, or e.g. "bfloat16"
     c.export.plot = True  # PNG of reward, KL and length curves at the end
+
+    c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
+    c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
+    c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task
+    c.eval.split = "test"  # split of eval.path
+    c.eval.num_prompts = 128  # the first n held-out prompts, always the same ones; 0 = all
+    c.eval.k = 8  # samples per prompt: pass@1, pass@2, pass@4, ..., pass@k and maj@k
+    c.eval.temperature = 1.0  # 0 = greedy, then one sample per prompt (k = 1)
+    c.eval.correct_threshold = 1.0  # a sample is correct when its score reaches this
+    c.eval.rewards = ""  # comma-separated reward functions scoring the samples; "" = reward.functions/weights
     return c
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -72,6 +73,12 @@ def _truncate_jsonl(path: epath.Path, max_step: int) -> list[str]:
         tmp.write_text("".join(keep), encoding="utf-8")
         tmp.replace(path)
     return keep
+
+
+def tensorboard_tag(name: str) -> str:
+    """The TensorBoard name of a metric: tensorboardX accepts only [-/\w.], so `eval/pass@8` is written
+    `eval/pass_at_8` (tensorboardX would rename it itself, logging a line for every write)."""
+    return re.sub(r"[^-/\w.]", "_", name.replace("@", "_at_"))
 
 
 def _jsonable(v):
@@ -132,7 +139,7 @@ class MetricsWriter:
         if self.tb is not None:
             for k, v in scalars.items():
                 if k != "step" and isinstance(v, (int, float, np.floating, np.integer)):
-                    self.tb.add_scalar(k, float(v), int(step))
+                    self.tb.add_scalar(tensorboard_tag(k), float(v), int(step))
 
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:
@@ -161,19 +168,37 @@ def read_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def held_out_keys(rows: list[dict]) -> list[str]:
+    """The held-out metrics worth a curve: eval/pass@1, the largest eval/pass@k, eval/maj@k."""
+    names = {k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1}
+    ks = sorted(int(k.split("@")[1]) for k in names if k.startswith("eval/pass@"))
+    out = [f"eval/pass@{k}" for k in dict.fromkeys(ks[:1] + ks[-1:])]
+    return out + sorted(k for k in names if k.startswith("eval/maj@"))
+
+
 def plot_curves(metrics_path: str, out_png: str,
                 keys=("reward/mean", "kl/ref", "response_length/mean")) -> str:
-    """A PNG with one panel per metric (reward, KL, response length) against the step."""
+    """A PNG with one panel per metric (reward, KL, response length) against the step, and a panel of
+    the held-out evaluation (`eval/pass@1`, the largest `eval/pass@k` and `eval/maj@k`, beside the
+    training reward) when the run logged one."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = read_metrics(metrics_path)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2))
-    for ax, key in zip(np.atleast_1d(axes), keys):
-        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot(*zip(*pts), lw=1.2)
-        ax.set_title(key)
+    held_out = held_out_keys(rows)
+    panels = [(key, (key,)) for key in keys] + ([("held-out evaluation", ("reward/mean", *held_out))]
+                                                 if held_out else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2))
+    for ax, (title, lines) in zip(np.atleast_1d(axes), panels):
+        for key in lines:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                sparse = key.startswith("eval/")  # a few points: marked
+                ax.plot(*zip(*pts), lw=1.2, marker="o" if sparse else None, ms=3,
+                        alpha=1.0 if sparse or len(lines) == 1 else 0.4, label=key)
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+        ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()

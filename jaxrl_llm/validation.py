@@ -76,6 +76,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_training(c)
     _validate_io(c)
     reward_specs(c)
+    _validate_eval(c)
 
 
 def _validate_model_and_data(c) -> None:
@@ -252,3 +253,23 @@ def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> 
     if not close:
         return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
     return "; did you mean " + " or ".join(f"{prefix}{k}" for k in close) + "?"
+
+
+def _validate_eval(c) -> None:
+    e = "eval."
+    _check(c, e + "every_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
+    _check(c, e + "path", lambda v: isinstance(v, str), "a string")
+    _check(c, e + "split", lambda v: isinstance(v, str) and v, "a split name, e.g. 'test'")
+    _check(c, e + "num_prompts", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = all)")
+    _check(c, e + "k", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, e + "temperature", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = greedy)")
+    _check(c, e + "correct_threshold", _is_num, "a finite number")
+    _check(c, e + "rewards", lambda v: isinstance(v, str), "a string of comma-separated reward functions")
+    if c.eval.rewards.strip() and not all(s.strip() for s in c.eval.rewards.split(",")):
+        _fail(e + "rewards", "comma-separated reward names without empty entries", c.eval.rewards)
+    if c.eval.every_steps and not c.eval.path and not c.data.task:
+        _fail(e + "path", "a held-out dataset when data.path is the training data (only a built-in data.task "
+              "has a held-out split of its own)", c.eval.path)
+    if c.eval.path and c.eval.path == c.data.path and c.eval.split == c.data.split:
+        _fail(e + "split", f"another split than the training data's ({c.data.split!r} of {c.data.path!r})",
+              c.eval.split)

@@ -23,7 +23,7 @@ SMALL = {
     "rollout.batch_prompts": 4, "rollout.group_size": 2, "rollout.max_new_tokens": 3, "train.minibatches": 1,
     "reward.functions": "fixtures_rewards:digit_fraction", "data.task_rows": 64, "checkpoint.every_steps": 1,
     "checkpoint.max_to_keep": 10, "log.progress": False, "log.samples_every": 1, "log.tensorboard": False,
-    "export.at_end": False, "export.plot": False,
+    "export.at_end": False, "export.plot": False, "eval.every_steps": 0,
 }
 
 

@@ -45,6 +45,7 @@ def config(mesh=(1, 1, 1), **overrides):
     c.checkpoint.every_steps, c.checkpoint.async_save = 1, False
     c.log.progress, c.log.samples_every, c.log.tensorboard = False, 1, False
     c.export.at_end, c.export.plot = False, False
+    c.eval.every_steps = 0
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
     for key, value in overrides.items():
         node = c

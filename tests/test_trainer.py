@@ -43,6 +43,7 @@ def small_config(algo="grpo", **overrides):
     c.log.samples_every = 1
     c.export.at_end = False
     c.export.plot = False
+    c.eval.every_steps = 0  # tests/test_evaluate.py evaluates
     for key, value in overrides.items():
         node = c
         *parents, leaf = key.split(".")

@@ -5,6 +5,8 @@
   each step  rollout (sample G completions per prompt, rewards, [DAPO resampling]) -> score pass
              (reference log-probs, old values) -> advantages -> E epochs x M minibatches of the jitted,
              state-donating update -> metrics, samples, checkpoint
+  eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
+             metric files; `initial_eval`), then every k steps and at the end, in that step's row
   end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
 
 An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
@@ -28,6 +30,7 @@ from etils import epath
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import distributed as dist
+from jaxrl_llm import evaluate
 from jaxrl_llm import faults, fs, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
@@ -71,6 +74,8 @@ class Trainer:
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
+        self.evaluator = self._evaluator(callables) if c.eval.every_steps else None
+        self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
         self.start_step = self._restore()
@@ -94,6 +99,14 @@ class Trainer:
         self.value_shardings = value[1] if value else None
         self.state, self.state_shardings = setup.init_train_state(
             c, self.objective, params, self.param_shardings, value, self.mesh, state_rng, refresh)
+
+    def _evaluator(self, callables) -> evaluate.Evaluator:
+        """The held-out evaluation; its rewards are the training ones unless eval.rewards names others."""
+        ec = evaluate.reward_config(self.c)
+        same = config_lib.reward_specs(ec) == config_lib.reward_specs(self.c)
+        fns = self.reward_fns if same else setup.build_rewards(ec, self.mesh, callables)
+        return evaluate.Evaluator(self.c, self.mc, self.mesh, self.tokenizer, fns, self.eos_ids, self.pad_id,
+                                  evaluate.load_eval_data(self.c, self.tokenizer))
 
     def _restore(self) -> int:
         """Restores the latest checkpoint, if any (exact resume: state and data position)."""
@@ -166,9 +179,16 @@ class Trainer:
         if c.log.progress and dist.is_main():
             from tqdm import tqdm
             progress = tqdm(total=c.total_steps, initial=self.start_step, desc=f"{c.algo}", dynamic_ncols=True)
+        if self.evaluator is not None and self.start_step == 0:
+            # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
+            # one row per training step.
+            self.initial_eval = self.evaluator(state.params)[0]
+            self.writer.write(0, self.initial_eval)
         with progress as bar:
             for step in range(self.start_step, c.total_steps):
                 state, m, samples = self.train_step(state)
+                if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0 or step + 1 == c.total_steps):
+                    m.update(self.evaluator(state.params)[0])
                 self.writer.write(step + 1, m)
                 if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
                     self.writer.write_samples(step + 1, samples)

@@ -16,8 +16,9 @@ from jaxrl_llm import distributed as dist
 from jaxrl_llm import fs
 
 # Fields that may change between a run and its resumption (they do not change what is computed; the
-# mesh only changes float rounding: a checkpoint restores onto any mesh).
-RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh")
+# mesh only changes float rounding: a checkpoint restores onto any mesh; evaluation draws from a stream
+# of its own and never touches the training state).
+RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh", "eval")
 
 
 def prepare_workdir(workdir: str, c: ml_collections.ConfigDict) -> epath.Path:

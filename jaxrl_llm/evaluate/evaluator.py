@@ -1,0 +1,161 @@
+"""Held-out evaluation of a policy: k samples for each of a fixed list of prompts, scored by the
+evaluation's reward functions, summarized as pass@k, mean reward, maj@k and a per-level breakdown.
+
+What makes the numbers reproducible: the prompts are the first `eval.num_prompts` held-out rows in their
+order, and batch i samples with `fold_in(fold_in(PRNGKey(seed), EVAL_STREAM), i)`, never the training
+key. An evaluation of the same parameters under the same config and mesh therefore gives the same
+numbers in the loop and from `python -m jaxrl_llm.evaluate`, and successive evaluations of one run
+draw the same random numbers (their differences are the policy's, not the sampler's).
+
+Cost: a sampler call takes as many rows as a training rollout, rollout.batch_prompts x group_size:
+`eval_batch_prompts` prompts of k samples each. With eval.k = group_size that is the training rollout's
+shape and the sampler program compiled for training is reused (for prompts of the same length bucket,
+rollout.top_k/top_p as in training); other k's compile one program more.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import jax
+import numpy as np
+
+from jaxrl_llm import distributed as dist
+from jaxrl_llm import sharding
+from jaxrl_llm.data import bucket_length, left_pad
+from jaxrl_llm.evaluate.estimators import majority_vote, summarize
+from jaxrl_llm.rewards import compute_rewards
+from jaxrl_llm.sampling import generate
+
+EVAL_STREAM = 0x6576616C  # "eval": the evaluation's random numbers, apart from every training stream
+_NOT_COLUMNS = ("prompt_user", "prompt_ids", "prompt_text")
+
+
+def eval_samples(c) -> int:
+    """Samples per prompt: eval.k, or 1 when greedy (its samples would all be the same)."""
+    return 1 if c.eval.temperature == 0 else c.eval.k
+
+
+def eval_batch_prompts(c, mesh, num_prompts: int) -> int:
+    """Prompts per sampler call: the training rollout's rows (batch_prompts x group_size) in groups of k,
+    a multiple of the mesh's batch divisor and of the process count, no more than the prompts need."""
+    unit = math.lcm(sharding.batch_divisor(mesh), jax.process_count())
+    per_call = c.rollout.batch_prompts * c.rollout.group_size // eval_samples(c)
+    return max(unit, min(per_call, -(-num_prompts // unit) * unit) // unit * unit)
+
+
+def reward_config(c):
+    """A copy of the config whose reward section is the evaluation's: eval.rewards (weights 1), or the
+    training's reward.functions and weights without DAPO's overlong shaping (a training device that
+    would make a correct answer score below 1)."""
+    e = copy.deepcopy(c)
+    if c.eval.rewards.strip():
+        e.reward.functions, e.reward.weights = c.eval.rewards, ""
+    e.dapo.overlong_buffer = 0
+    return e
+
+
+def load_eval_data(c, tokenizer):
+    """The held-out prompts, tokenized like the training data: the first eval.num_prompts rows of
+    eval.path/eval.split, or of the held-out "test" split of the built-in data.task (its `level`
+    column kept for the per-level breakdown)."""
+    from jaxrl_llm.data import load_prompt_dataset, prepare_prompts
+    from jaxrl_llm.data.tasks import load_task
+
+    d = copy.deepcopy(c.data)
+    n = c.eval.num_prompts
+    if c.eval.path:
+        d.path, d.split = c.eval.path, c.eval.split
+        try:
+            dataset, _ = load_prompt_dataset(d, tokenizer)
+        except (ValueError, FileNotFoundError) as e:  # name the eval fields, not the data ones
+            message = " ".join(str(e).split()).replace("data.path", "eval.path").replace("data.split", "eval.split")
+            raise ValueError(f"config.eval.path {c.eval.path!r} (split {c.eval.split!r}): {message}") from None
+    elif c.data.task:
+        if "level" not in d.extra_columns:
+            d.extra_columns = (*d.extra_columns, "level")
+        raw = load_task(c.data.task, n or c.data.task_rows, c.seed, tuple(c.data.task_weights), split="test")
+        dataset, _ = prepare_prompts(raw, d, tokenizer)
+    else:
+        raise ValueError("config.eval.path is empty and there is no data.task: name the held-out prompts")
+    return dataset.select(range(min(n, len(dataset)))) if n else dataset
+
+
+def vote_key(completion: str, builtin_task: bool) -> str | None:
+    """The answer a completion votes for: the stripped completion for the built-in task, else its final
+    answer as the math reward extracts and normalizes it (None when it gives none)."""
+    if builtin_task:
+        return completion.strip() or None
+    from jaxrl_llm.rewards.math import final_answer, normalize_answer
+    text = final_answer(completion).text
+    return normalize_answer(text) if text is not None else None
+
+
+class Evaluator:
+    """`evaluator(params) -> (metrics, samples)`: held-out metrics (`eval/...`, the same on every process)
+    and this process's (prompt, completion, score) rows. A collective: every process calls it."""
+
+    def __init__(self, c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id, dataset):
+        self.c, self.mc, self.mesh, self.tokenizer = c, mc, mesh, tokenizer
+        self.reward_fns, self.eos_ids, self.pad_id = reward_fns, tuple(eos_ids), pad_id
+        self.rows = dataset.with_format(None)[:]  # column -> list, read once
+        self.num_prompts = len(dataset)
+        self.k = eval_samples(c)
+        self.batch = eval_batch_prompts(c, mesh, self.num_prompts)
+        self.vote = bool(c.data.answer_column) and c.data.answer_column in self.rows
+        self.builtin = bool(c.data.task and not c.eval.path)
+        # A per-level breakdown where the rows have integer levels (the built-in task's `level` column).
+        self.levels = "level" in self.rows and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                   for v in self.rows["level"])
+        self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
+        self.rows_sharding = sharding.batch_sharding(mesh, 2)
+
+    def __call__(self, params) -> tuple[dict[str, float], list[dict]]:
+        t0 = time.perf_counter()
+        stats, samples = [], []
+        for i, start in enumerate(range(0, self.num_prompts, self.batch)):
+            s, rows = self._batch(params, i, start)
+            stats.append(dist.allgather_rows(s))
+            samples += rows
+        s = np.concatenate(stats)
+        s = s[s[:, 0] > 0]  # the padding of the last batch
+        m = summarize(self.k, s[:, 1].astype(np.int64), s[:, 2], s[:, 3] if self.vote else None,
+                      s[:, 4].astype(np.int64) if self.levels else None)
+        m["eval/time_s"] = time.perf_counter() - t0
+        return m, samples
+
+    def _batch(self, params, i: int, start: int):
+        """Samples and scores global batch i (prompts start.. of the held-out list): per-prompt stats
+        (valid, correct, mean score, vote correct, level) of this process's prompts, and its rows."""
+        c, k, B = self.c, self.k, self.batch
+        index = np.arange(start, start + B)
+        longest = max(len(self.rows["prompt_ids"][j % self.num_prompts]) for j in index)
+        index = index[dist.host_rows(B)]  # this process's block, as the training iterator splits a batch
+        valid = index < self.num_prompts
+        index = index % self.num_prompts  # the last batch is filled with repeats, dropped from the metrics
+        batch = {col: [vals[j] for j in index] for col, vals in self.rows.items()}
+        tokens, pmask = left_pad(batch["prompt_ids"], bucket_length(longest, c.data.max_prompt_length), self.pad_id)
+        with sharding.use_mesh(self.mesh):
+            r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
+                         dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
+                         max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
+        ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
+        completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)
+        prompts = [p for p in batch["prompt_user"] for _ in range(k)]
+        columns = {col: [v for v in vals for _ in range(k)] for col, vals in batch.items() if col not in _NOT_COLUMNS}
+        columns.update(completion_lengths=lengths.tolist(), truncated=truncated.tolist(),
+                       max_completion_length=c.rollout.max_new_tokens)
+        scores, _ = compute_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
+        correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
+        votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]
+                 if self.vote else False for b in range(len(index))]
+        level = batch["level"] if self.levels else [0] * len(index)
+        stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level],
+                         axis=1).astype(np.float64)
+        rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),
+                 "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k}
+                for n in range(len(prompts)) if valid[n // k]]
+        return stats, rows

@@ -87,7 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.whiten = placeholder(bool)  # whiten GAE advantages over the batch's valid tokens
     c.advantage.gamma = 1.0  # discount (GAE, REINFORCE++)
     c.advantage.lam = 0.95  # GAE lambda of the policy advantages
-    c.advantage.lam_value = -1.0  # GAE lambda of the value targets; -1 = advantage.lam (PPO); 1.0 = VAPO's
+    c.advantage.lam_value = 1.0  # GAE lambda of the value targets (decoupled GAE); -1 = advantage.lam (classic PPO)
     c.advantage.adaptive_lam_alpha = 0.0  # > 0: length-adaptive lambda = 1 - 1/(alpha*|o|) (VAPO)
     c.advantage.reinforce_pp_baseline = False  # REINFORCE++-baseline: subtract the group mean first
     c.advantage.bootstrap_truncated = False  # GAE: V(s_T) at the cut of a truncated completion instead of 0

@@ -136,24 +136,26 @@ def poisoned_train(spec: str) -> None:
     numerics after it (an overflow in the model, a bf16 underflow...). A non-finite score reaches the
     jitted update through the real advantage and loss code and makes the loss and gradients NaN.
     """
+    import dataclasses
     import itertools
 
     from absl import app
 
     from jaxrl_llm import train
-    from jaxrl_llm.trainer import rollout as trainer
+    from jaxrl_llm.trainer import rollout
     poison = {int(s): float(v) for s, v in (p.split(":") for p in spec.split(","))}
-    compute_rewards, calls = trainer.compute_rewards, itertools.count(1)
+    score_rewards, calls = rollout.score_rewards, itertools.count(1)
 
     def poisoned(*args, **kwargs):
-        scores, metrics = compute_rewards(*args, **kwargs)
+        batch = score_rewards(*args, **kwargs)
         value = poison.get(next(calls))
         if value is not None:
-            scores = np.array(scores, np.float32)
+            scores = np.array(batch.scores, np.float32)
             scores[0] = value
-        return scores, metrics
+            batch = dataclasses.replace(batch, scores=scores)
+        return batch
 
-    trainer.compute_rewards = poisoned
+    rollout.score_rewards = poisoned
     from jaxrl_llm.cli import flags_parser
     app.run(train.main, flags_parser=flags_parser("jaxrl_llm.train"))
 

@@ -21,7 +21,7 @@ from ml_collections.config_dict import placeholder
 
 from jaxrl_llm.data.config import default_data_config
 from jaxrl_llm.presets import _COMMON, ALGOS, PRESETS
-from jaxrl_llm.validation import FREE_FORM, suggest_fields, check_fields, reward_specs, validate
+from jaxrl_llm.validation import FREE_FORM, check_fields, get_path, reward_specs, suggest_fields, validate
 
 __all__ = ["ALGOS", "PRESETS", "base_config", "from_dict", "prepare", "resolve", "reward_specs", "validate"]
 
@@ -193,19 +193,13 @@ def _set_path(c, path: str, value):
     c[leaf] = value
 
 
-def _get_path(c, path: str):
-    for p in path.split("."):
-        c = c[p]
-    return c
-
-
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy with every placeholder still None filled from the preset of `config.algo`."""
     if config.algo not in PRESETS:
         raise ValueError(f"algo {config.algo!r} is unknown; expected one of {', '.join(ALGOS)}")
     c = copy.deepcopy(config)
     for path, value in {**_COMMON, **PRESETS[c.algo]}.items():
-        if _get_path(c, path) is None:
+        if get_path(c, path) is None:
             _set_path(c, path, value)
     if c.dapo.overlong_buffer == -1:
         c.dapo.overlong_buffer = max(1, c.rollout.max_new_tokens // 4)

@@ -18,7 +18,8 @@ from jaxrl_llm.presets import ALGOS
 FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 
 
-def _get_path(c, path: str):
+def get_path(c, path: str):
+    """The value of a dotted field path ("rollout.group_size")."""
     for p in path.split("."):
         c = c[p]
     return c
@@ -47,7 +48,7 @@ def _fail(field: str, expected: str, value) -> None:
 
 
 def _check(c, field: str, ok, expected: str):
-    value = _get_path(c, field)
+    value = get_path(c, field)
     try:
         good = ok(value)
     except TypeError:

@@ -63,7 +63,7 @@ class Trainer:
                  rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
         c, callables, rows = _with_python_inputs(config, rewards, dataset)
         self.c, self.workdir = c, workdir
-        self.objective = Objective.from_config(c)
+        self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
         setup.check_batch_fits(c, self.mesh)
         wd = prepare_workdir(workdir, c)
@@ -83,8 +83,7 @@ class Trainer:
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
                                                 resume_step=self.start_step)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
-        self.fns = step_functions(self.objective, UpdatePlan.from_config(c), self.mc, self.mesh, treedef,
-                                  tuple(leaves))
+        self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
 
     def _init_state(self, model_path: str) -> None:
         """Policy, reference and value parameters on the mesh, and the train state holding them."""
@@ -98,7 +97,7 @@ class Trainer:
         value = setup.load_value_params(c, self.mc, params, self.mesh) if c.value.enabled else None
         self.value_shardings = value[1] if value else None
         self.state, self.state_shardings = setup.init_train_state(
-            c, self.objective, params, self.param_shardings, value, self.mesh, state_rng, refresh)
+            self.objective, self.plan, params, self.param_shardings, value, self.mesh, state_rng, refresh)
 
     def _evaluator(self, callables) -> evaluate.Evaluator:
         """The held-out evaluation; its rewards are the training ones unless eval.rewards names others."""

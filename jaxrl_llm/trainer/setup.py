@@ -25,7 +25,7 @@ from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_
 from jaxrl_llm.models.config import read_hf_config
 from jaxrl_llm.rewards import get_reward_fn
 from jaxrl_llm.rl import Objective
-from jaxrl_llm.trainer.state import TrainState, make_optimizer, total_updates
+from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 
 
 # ----------------------------------------------------------------------------------- model and tokenizer
@@ -125,11 +125,13 @@ def load_value_params(c, mc: ModelConfig, params, mesh):
     return value_params, shardings
 
 
-def init_train_state(c, objective: Objective, params, param_shardings, value, mesh, state_rng, refresh: bool):
+def init_train_state(objective: Objective, plan: UpdatePlan, params, param_shardings, value, mesh, state_rng,
+                     refresh: bool):
     """(the initial TrainState on the mesh, its shardings). `value` is (params, shardings) or None;
-    `refresh`: the reference is refreshed during the run, so it lives in the state."""
-    tx, _ = make_optimizer(c.optimizer, c.optimizer.learning_rate, total_updates(c))
-    value_tx, _ = make_optimizer(c.optimizer, c.value.learning_rate, total_updates(c))
+    `refresh`: the reference is refreshed during the run, so it lives in the state. The optimizers are
+    the plan's, those the update steps apply."""
+    tx, _ = plan.optimizer.build()
+    value_tx, _ = plan.value_optimizer.build()
     kl_ctl = objective.kl_controller()
     value_params, value_shardings = value if value is not None else (None, None)
     # Optimizer states are laid out like their parameters (FSDP shards Adam's moments too).

@@ -57,6 +57,9 @@ VENV_PACKAGES = {"trl": [["torch==2.13.0"], ["trl==1.16.0"]], "tunix": [["google
 SIZES = {
     "3M": dict(vocab_size=8192, hidden_size=128, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2),
     "toy": dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2),
+    # Qwen2.5-0.5B's shapes (tied embeddings), random weights: the GPU suite's model (benchmarks/gpu_suite.py).
+    "0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                 num_kv_heads=2, tie_word_embeddings=True),
 }
 PAD, EOS = "<pad>", "<eos>"  # ids 0 and 1; word w<i> has id i
 WORD = re.compile(r"w(\d+)")
@@ -129,13 +132,15 @@ def trl_worker(args) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.join(args.workspace, "tokenizer"))
     data = datasets.load_dataset("json", data_files=os.path.join(args.workspace, "prompts.jsonl"), split="train")
     n = args.batch * args.group
     config = GRPOConfig(
-        output_dir=os.path.join(args.workspace, f"trl-out-{args.threads}"), use_cpu=True, bf16=False, fp16=False,
+        output_dir=os.path.join(args.workspace, f"trl-out-{args.threads}"), use_cpu=args.device == "cpu",
+        bf16=args.dtype == "bfloat16", fp16=False,
         gradient_checkpointing=False, per_device_train_batch_size=n, gradient_accumulation_steps=1,
         num_generations=args.group, max_completion_length=args.new_tokens,
         generation_kwargs={"min_new_tokens": args.new_tokens}, temperature=1.0, top_k=0, top_p=1.0,
@@ -303,8 +308,11 @@ def ensure_venv(name: str, log) -> str:
 class Worker:
     """A framework in a subprocess of its own venv, stepping one iteration per `step()` call."""
 
-    def __init__(self, python: str, args: list[str], log):
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    def __init__(self, python: str, args: list[str], log, keep_path: bool = False):
+        # A venv of its own must not see this process's packages; a given interpreter keeps its PYTHONPATH
+        # (the GPU suite's wheels are there).
+        drop = () if keep_path else ("PYTHONPATH", "VIRTUAL_ENV")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
         # stderr goes to a file, read only on failure: a pipe nobody drains blocks a chatty worker.
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), *args], stdin=subprocess.PIPE,
@@ -364,6 +372,7 @@ def ours_config(workspace: str, args):
     c.data.prompt_column, c.data.answer_column = "prompt", ""
     c.data.use_chat_template = False
     c.data.max_prompt_length = args.prompt_len
+    c.model.compute_dtype = getattr(args, "dtype", "float32")
     c.reward.functions = "grpo_iteration:even_words"
     c.rollout.batch_prompts, c.rollout.group_size = args.batch, args.group
     c.rollout.max_new_tokens = args.new_tokens
@@ -434,7 +443,11 @@ def parse_args(argv=None):
     p.add_argument("--size", choices=list(SIZES), default="3M")
     p.add_argument("--toy", action="store_true", help="toy model and batch, 1 timed iteration (smoke test)")
     p.add_argument("--frameworks", default="ours,trl,tunix", help="comma-separated: ours, trl, tunix")
-    p.add_argument("--trl-threads", default="1,2", help="torch thread counts to run TRL with")
+    p.add_argument("--trl-threads", default="1,2", help="torch thread counts to run TRL with (CPU)")
+    p.add_argument("--trl-python", default="", help="run TRL with this interpreter instead of benchmarks/.venv/trl")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="TRL's device (ours: JAX's default)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="compute dtype of both (TRL: bf16 autocast over float32 weights, ours: model.compute_dtype)")
     p.add_argument("--batch", type=int, default=8, help="prompts per iteration")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--prompt-len", type=int, default=32)
@@ -475,12 +488,15 @@ def main(argv=None):
         make_workspace(ws, args.size, num_prompts=max(64, B * steps), prompt_len=P)
         workers, unavailable = {}, {}
         if "trl" in frameworks:
-            python = ensure_venv("trl", log)
-            for threads in sorted({int(x) for x in args.trl_threads.split(",")}):
+            python = args.trl_python or ensure_venv("trl", log)
+            thread_counts = sorted({int(x) for x in args.trl_threads.split(",")}) if args.device == "cpu" else [1]
+            for threads in thread_counts:
                 w = Worker(python, ["--worker", "trl", "--workspace", ws, "--threads", str(threads),
                                     "--steps", str(steps), "--batch", str(B), "--group", str(G),
-                                    "--prompt-len", str(P), "--new-tokens", str(T)], log)
-                workers[f"TRL ({threads} thread{'s' * (threads > 1)})"] = w
+                                    "--prompt-len", str(P), "--new-tokens", str(T), "--device", args.device,
+                                    "--dtype", args.dtype], log, keep_path=bool(args.trl_python))
+                label = f"{threads} thread{'s' * (threads > 1)}" if args.device == "cpu" else args.device
+                workers[f"TRL ({label})"] = w
         if "tunix" in frameworks:
             try:
                 w = Worker(ensure_venv("tunix", log), ["--worker", "tunix", "--workspace", ws, "--steps", str(steps),
@@ -579,8 +595,11 @@ def main(argv=None):
                 f"prefix sharing): roofline {roofline * 1e3:.0f} ms.\n\n{table}\n\n"
                 + "\n".join(f"- {line}" for line in ratio_lines) + (f"\n\n{stage_table}" if stage_table else ""))
         update_markdown(args.out, "grpo-iteration-results", body)
-    return 0
+    return {"timings": {name: {"first": tm.first, "median": tm.median, "spread": tm.spread}
+                        for name, tm in timings.items()},
+            "setup_s": setup, "flops": flops, "roofline_s": roofline, "peak_flops": peak, "lines": ratio_lines,
+            "params": config.num_params(), "unavailable": unavailable}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -40,6 +40,10 @@ QWEN25_7B = {
     "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": False,
     "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643, "use_sliding_window": False,
 }
+# config.json of Qwen/Qwen2.5-1.5B: the model of the GPU suite's measured step (benchmarks/gpu_suite.py).
+QWEN25_1_5B = dict(QWEN25_7B, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B}
 TOY = {
     "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
@@ -52,6 +56,7 @@ DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--meshes", default=DEFAULT_MESHES, help="comma-separated DATAxFSDPxTENSOR meshes")
+    p.add_argument("--model", choices=list(MODELS), default="qwen2.5-7b", help="the model's shapes")
     p.add_argument("--algo", default="grpo", help="config preset (ppo adds a value model)")
     p.add_argument("--batch_prompts", type=int, default=64, help="prompts per RL step (B)")
     p.add_argument("--group_size", type=int, default=8, help="completions per prompt (G)")
@@ -107,7 +112,7 @@ def run_config(args, grad_accum: int):
 
 def model_config(args):
     from jaxrl_llm.models.config import config_from_hf_dict
-    return config_from_hf_dict(TOY if args.toy else QWEN25_7B, source="memory_plan", param_dtype=args.param_dtype,
+    return config_from_hf_dict(TOY if args.toy else MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
                                dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk)
 
 
@@ -256,7 +261,8 @@ def main(argv=None):
         c = run_config(args, grad_accum_for(args, mesh))
         results.append((mesh, {"grad_accum": c.train.grad_accum, **plan_one(c, mc, mesh, devices)}))
     headers, rows = table(results, unit=2 ** 20 if args.toy else GIB)
-    title = (f"{'toy model' if args.toy else 'Qwen2.5-7B'} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
+    name = "toy model" if args.toy else args.model.replace("qwen", "Qwen").replace("b", "B")
+    title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
              f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
              f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}; "
              f"{'MiB' if args.toy else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")

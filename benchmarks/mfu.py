@@ -129,7 +129,8 @@ def save_random_checkpoint(path: str, size: ModelSize, *, max_positions: int, se
 
 
 def build_trainer(workspace: str, size: ModelSize, *, batch: int, group: int, prompt_len: int, new_tokens: int,
-                  compute_dtype: str = "float32", remat: str = "none", logits_chunk: int = 128, run: str = "run"):
+                  compute_dtype: str = "float32", remat: str = "none", logits_chunk: int = 128, run: str = "run",
+                  param_dtype: str = "float32", grad_accum: int = 1):
     """A GRPO `Trainer` (benchmarks/grpo_iteration.py's config) on a random checkpoint of `size`, written
     under `workspace` on first use (model/, tokenizer/, prompts.jsonl of `prompt_len` words). `run` names
     the workdir (one per set of execution settings: a workdir refuses another config)."""
@@ -147,6 +148,7 @@ def build_trainer(workspace: str, size: ModelSize, *, batch: int, group: int, pr
     c = ours_config(workspace, argparse.Namespace(prompt_len=prompt_len, batch=batch, group=group,
                                                   new_tokens=new_tokens))
     c.model.compute_dtype, c.model.remat, c.model.logits_chunk = compute_dtype, remat, logits_chunk
+    c.model.dtype, c.train.grad_accum = param_dtype, grad_accum
     return Trainer(c, os.path.join(workspace, run))
 
 

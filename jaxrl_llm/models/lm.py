@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import (Decoder, decode_layer, decode_weights, lm_head_weight, rms_norm,
                                           rope_cos_sin)
 
@@ -42,6 +43,7 @@ def param_logical_axes(config: ModelConfig, *, with_lm_head: bool = True):
     return nn.get_partition_spec(abstract["params"])
 
 
+@precise
 def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.Array | None = None):
     """Final-norm hidden states (B,T,D) of a left-padded batch; positions come from the mask."""
     mask = jnp.ones_like(tokens) if attention_mask is None else attention_mask
@@ -50,6 +52,7 @@ def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask
     return hidden
 
 
+@precise
 def logits_from_hidden(config: ModelConfig, params, hidden: jax.Array) -> jax.Array:
     """(..., D) -> float32 logits (..., V)."""
     dt = jnp.dtype(config.dtype)
@@ -65,6 +68,7 @@ def forward(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.
     return logits_from_hidden(config, params, hidden_states(config, params, tokens, attention_mask))
 
 
+@precise
 def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
                          temperature=1.0, *, with_entropy: bool = False):
     """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most `config.logits_chunk`.
@@ -107,6 +111,7 @@ def token_logprobs(config: ModelConfig, params, tokens: jax.Array, attention_mas
 
 
 # ------------------------------------------------------------------ prompt-shared passes (sampler, trainer)
+@precise
 def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Array, *,
             with_lm_head: bool = True):
     """Runs the prompts once. prompts/prompt_mask (B,P) left-padded.
@@ -118,6 +123,7 @@ def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Ar
     return hidden, kv
 
 
+@precise
 def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask):
     """Hidden states that predict each completion token, sharing each prompt across its G completions.
 
@@ -158,6 +164,7 @@ def decode_unrolled(config: ModelConfig) -> bool:
             and layer_weights * jnp.dtype(c.param_dtype).itemsize <= DECODE_UNROLL_MAX_BYTES)
 
 
+@precise
 def decode_prepare(config: ModelConfig, params, prefix_kv):
     """Once per generation, outside the token loop: the weights of `decode_layer` and the prompt prefix.
     prefix_kv: `prefill`'s (k, v), each (L,B,P,Hkv,hd).
@@ -201,6 +208,7 @@ def init_cache(config: ModelConfig, rows: int, slots: int):
     return tuple((full(k_spec, 2 * l), full(v_spec, 2 * l + 1)) for l in range(config.num_layers))
 
 
+@precise
 def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask):
     """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`;
     cache from `init_cache` (or a previous step); cache_index scalar slot t; prefix_mask (B,P) bool.

@@ -36,7 +36,9 @@ def value_logical_axes(config: ModelConfig):
 def value_head(config: ModelConfig, params, hidden: jax.Array) -> jax.Array:
     """(..., D) hidden -> (...) float32 values."""
     kernel = params["head"]["kernel"].astype(jnp.float32)
-    return hidden.astype(jnp.float32) @ kernel + params["head"]["bias"].astype(jnp.float32)
+    # A float32 head: 'highest' so that a GPU (TF32) or TPU (bfloat16 passes) computes it in float32 too.
+    values = jnp.dot(hidden.astype(jnp.float32), kernel, precision="highest")
+    return values + params["head"]["bias"].astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames="config")

@@ -1,0 +1,72 @@
+"""The GPU suite (benchmarks/gpu_suite.py) is ready before any GPU time is spent: its dry run goes through
+every stage on this machine's device, and its pure helpers are right. Nothing here times anything."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_suite  # noqa: E402
+
+
+def test_dry_run_passes_every_stage_and_writes_its_results(tmp_path):
+    doc = tmp_path / "bench.md"
+    doc.write_text("# Benchmarks\n\nkept\n")
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--dry-run", "--json",
+                           str(out), "--markdown", str(doc)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert {k: v["status"] for k, v in results["stages"].items()} == {s: "ok" for s in gpu_suite.STAGES}, \
+        {k: v.get("error") for k, v in results["stages"].items()}
+    s = results["stages"]
+    # float32 on CPU: the library's logits are transformers', and the sampler's log-probs the trainer's.
+    assert s["correctness"]["parity"]["float32"]["max_abs"] < 1e-4
+    assert s["correctness"]["logp_identity"]["float32"] < 1e-4
+    toy = s["sampler"]["toy"]
+    assert toy["full length"]["lengths_ours"]["min"] == toy["new"]  # every row ran to the cap
+    assert toy["heavy-tailed"]["lengths_ours"]["median"] < toy["new"]  # the stop set ends rows early
+    assert all(r["tflops"] > 0 for r in s["update"]["runs"])
+    assert s["memory"]["plan_cpu"]["peak"] > s["memory"]["plan_cpu"]["params"] > 0
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- gpu-suite-results:begin -->" in text
+    assert "**Sampler**" in text and "**Memory**" in text and "**GRPO iteration**" in text
+    # Re-rendering the saved results gives the same block (the doc is regenerated from the JSON files).
+    assert gpu_suite.render(results) in text
+
+
+def test_eos_set_reaches_the_stop_probability_of_the_median():
+    rng = np.random.default_rng(0)
+    mass = rng.dirichlet(np.ones(1000))
+    for median in (5, 40, 200):
+        ids = gpu_suite.eos_set_for_median(mass, median, exclude=(0, 7))
+        hazard = 1 - 2 ** (-1 / median)
+        total = mass[ids].sum()
+        assert total >= hazard and 0 not in ids and 7 not in ids and ids == sorted(set(ids))
+        # Smallest: without its last-added id the set falls short (ids are added nearest the median mass first).
+        order = [i for i in np.argsort(np.abs(mass - np.median(mass)), kind="stable") if i not in (0, 7)]
+        assert mass[order[:len(ids) - 1]].sum() < hazard
+        # A geometric length with that hazard has the asked-for median (within one token).
+        assert abs(np.log(0.5) / np.log(1 - total) - median) <= max(1.0, 0.05 * median)
+    with pytest.raises(ValueError, match="median"):
+        gpu_suite.eos_set_for_median(mass, 0.5)
+    with pytest.raises(ValueError, match="no set"):
+        gpu_suite.eos_set_for_median(np.full(4, 1e-6), 2)
+
+
+def test_completion_lengths_count_the_first_stop_token():
+    tokens = np.array([[5, 6, 2, 6], [9, 9, 9, 9], [3, 5, 5, 5], [2, 3, 3, 3]])
+    assert gpu_suite.completion_lengths(tokens, {2, 3}, cap=4).tolist() == [3, 4, 1, 1]
+    assert gpu_suite.completion_lengths(tokens, {2, 3}, cap=2).tolist() == [2, 2, 1, 1]
+    s = gpu_suite.length_summary([1, 2, 3, 10])
+    assert (s["min"], s["max"], s["median"], s["sum"]) == (1, 10, 2.5, 16)
+
+
+def test_bad_arguments_are_one_line_errors():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--stages", "env,gpu"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "--stages: unknown ['gpu']" in proc.stderr

@@ -71,9 +71,15 @@ def _flag_error(e: Exception, argv) -> str:
 
 
 def run_cli(main_fn, verbose: bool, prog: str):
-    """Runs main_fn; any error becomes one line on stderr and exit status 1 (unless verbose)."""
+    """Runs main_fn; any error becomes one line on stderr and exit status 1 (unless verbose). A run stopped
+    by a signal after saving says where a rerun resumes and exits with 75 (preempted: rerun it) or 130
+    (interrupted by Ctrl-C); see jaxrl_llm/preemption.py."""
+    from jaxrl_llm.preemption import Preempted
     try:
         main_fn()
+    except Preempted as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -36,6 +36,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
 from jaxrl_llm.models import save_hf
 from jaxrl_llm.models.config import config_to_hf_dict
+from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer import report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
@@ -183,29 +184,46 @@ class Trainer:
             # one row per training step.
             self.initial_eval = self.evaluator(state.params)[0]
             self.writer.write(0, self.initial_eval)
-        with progress as bar:
-            for step in range(self.start_step, c.total_steps):
-                state, m, samples = self.train_step(state)
-                if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0 or step + 1 == c.total_steps):
-                    m.update(self.evaluator(state.params)[0])
-                self.writer.write(step + 1, m)
-                if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
-                    self.writer.write_samples(step + 1, samples)
-                history.append(m)
-                if bar is not None and hasattr(bar, "update"):
-                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
-                                    tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
-                    bar.update(1)
-                self._check_finite(state, step)
-                if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
-                    self.save(state)
+        # SIGTERM / SIGINT / JAX's preemption notice: the step in progress finishes, then a checkpoint
+        # of it is committed and Preempted raised (jaxrl_llm/preemption.py). After the last step a signal
+        # waits for the final checkpoint and export. The previous handlers are back on exit.
+        with StopSignals() as stop:
+            with progress as bar:
+                for step in range(self.start_step, c.total_steps):
+                    state, m, samples = self.train_step(state)
+                    if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
+                                                       or step + 1 == c.total_steps):
+                        m.update(self.evaluator(state.params)[0])
+                    self.writer.write(step + 1, m)
+                    if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
+                        self.writer.write_samples(step + 1, samples)
+                    history.append(m)
+                    if bar is not None and hasattr(bar, "update"):
+                        bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
+                                        tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
+                        bar.update(1)
+                    self._check_finite(state, step)
+                    if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
+                        self.save(state)
+                    reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
+                    if reason and step + 1 < c.total_steps:
+                        self._stop(state, reason)
+            self.state = state
+            if self.ckpt.latest_step() != int(state.step):
+                self.save(state, force=True)
+            self.ckpt.wait()
+            self.writer.flush()
+            self.finish()
+        return history
+
+    def _stop(self, state, reason: str) -> None:
+        """Commits a checkpoint of `state` (awaited: the process may exit next), then raises Preempted."""
         self.state = state
         if self.ckpt.latest_step() != int(state.step):
             self.save(state, force=True)
-        self.ckpt.wait()
-        self.writer.flush()
-        self.finish()
-        return history
+        self.ckpt.close()  # waits for the write to commit
+        self.writer.close()
+        raise Preempted(reason, int(state.step), self.c.total_steps, str(self.workdir))
 
     def _check_finite(self, state, step: int) -> None:
         if int(state.nonfinite) >= self.c.train.max_nonfinite_steps:

@@ -47,6 +47,7 @@ def flags_parser(prog: str):
 
     def parse(argv):
         try:
+            _check_config_overrides(argv)
             return flags.FLAGS(argv)
         except Exception as e:  # flags.Error, and ml_collections' AttributeError for an unknown field
             if any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv):
@@ -54,6 +55,26 @@ def flags_parser(prog: str):
             print(f"{prog}: error: {_flag_error(e, argv)}", file=sys.stderr)
             sys.exit(1)
     return parse
+
+
+class UnknownConfigField(ValueError):
+    pass
+
+
+def _check_config_overrides(argv) -> None:
+    """Refuses a `--config.a.b=V` override naming no field of the schema, in one line naming that
+    argument, the field and the nearest ones, before ml_collections reads it: its own error names a
+    field of the first argument it did not recognise, and reports it against the last one."""
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    if not overrides:
+        return
+    from jaxrl_llm.config import base_config  # every config file builds on it; check_fields holds them to it
+    from jaxrl_llm.validation import unknown_field
+    schema = base_config()
+    for arg in overrides:
+        problem = unknown_field(arg[len("--config."):].split("=", 1)[0], schema)
+        if problem:
+            raise UnknownConfigField(f"{arg}: {problem}")
 
 
 def _flag_error(e: Exception, argv) -> str:

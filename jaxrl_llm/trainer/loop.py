@@ -70,12 +70,14 @@ class Trainer:
         wd = prepare_workdir(workdir, c)
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
-        self._init_state(model_path)
+        # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
+        self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
-        self.evaluator = self._evaluator(callables) if c.eval.every_steps else None
+        self.evaluator = self._evaluator(callables, eval_rows) if eval_rows is not None else None
         self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
@@ -100,13 +102,13 @@ class Trainer:
         self.state, self.state_shardings = setup.init_train_state(
             self.objective, self.plan, params, self.param_shardings, value, self.mesh, state_rng, refresh)
 
-    def _evaluator(self, callables) -> evaluate.Evaluator:
+    def _evaluator(self, callables, eval_rows) -> evaluate.Evaluator:
         """The held-out evaluation; its rewards are the training ones unless eval.rewards names others."""
         ec = evaluate.reward_config(self.c)
         same = config_lib.reward_specs(ec) == config_lib.reward_specs(self.c)
         fns = self.reward_fns if same else setup.build_rewards(ec, self.mesh, callables)
         return evaluate.Evaluator(self.c, self.mc, self.mesh, self.tokenizer, fns, self.eos_ids, self.pad_id,
-                                  evaluate.load_eval_data(self.c, self.tokenizer))
+                                  eval_rows)
 
     def _restore(self) -> int:
         """Restores the latest checkpoint, if any (exact resume: state and data position)."""
@@ -114,6 +116,9 @@ class Trainer:
         if restored is None:
             return 0
         start, self.state, meta = restored
+        if start > self.c.total_steps:  # else the run would do nothing and exit 0
+            raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
+                             f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
         self.data.restore(meta["data"])
         log.info("resumed from step %d in %s", start, self.workdir)
         return start

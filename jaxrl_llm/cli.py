@@ -79,11 +79,13 @@ def _check_config_overrides(argv) -> None:
 
 def _flag_error(e: Exception, argv) -> str:
     text = str(e)
-    if isinstance(e, (AttributeError, KeyError)):  # an unknown config field: name the argument
-        text = text.strip("'\"").encode("utf-8").decode("unicode_escape").replace("\\'", "'")
-        name = text.split("'")[1] if text.count("'") >= 2 else ""
-        arg = next((a for a in argv[1:] if a.startswith("--config.") and f".{name}" in a.split("=")[0]), None)
-        text = f"unknown config field {name!r}" + (f" in {arg}" if arg else "") + f": {text}"
+    if isinstance(e, (AttributeError, KeyError)):  # a config key missing where the schema allows any
+        # (reward.kwargs.<fn>.<arg>): ml_collections' message is the bare key, e.g. "'math_answer'".
+        name = text.strip("'\"\\ ").split("'")[0].split()[0] if text.strip("'\"\\ ") else ""
+        arg = next((a for a in argv[1:] if a.startswith("--config.") and name and
+                    name in a.split("=", 1)[0].split(".")), None)
+        text = (f"{arg or 'a --config override'}: no config field '{name}' to override; "
+                "reward.kwargs entries must be set in the config file (or through the Python API) first")
     head, sep, tb = text.partition("Traceback (most recent call last):")
     if sep:  # an exception raised inside the config file: keep its last line, the message
         lines = [line.strip() for line in tb.splitlines() if line.strip()]

@@ -8,6 +8,8 @@
   eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
              metric files; `initial_eval`), then every k steps and at the end, in that step's row
   end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
+  signal     SIGTERM / SIGINT / JAX's preemption notice: the step finishes, a checkpoint of it is
+             committed, `Preempted` is raised (jaxrl_llm/preemption.py)
 
 An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
 subclass. Shapes: B prompts, G completions per prompt, N = B*G rows (prompt b owns rows b*G..b*G+G-1),

@@ -47,6 +47,7 @@ def flags_parser(prog: str):
 
     def parse(argv):
         try:
+            _check_config_overrides(argv)
             return flags.FLAGS(argv)
         except Exception as e:  # flags.Error, and ml_collections' AttributeError for an unknown field
             if any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv):
@@ -56,13 +57,35 @@ def flags_parser(prog: str):
     return parse
 
 
+class UnknownConfigField(ValueError):
+    pass
+
+
+def _check_config_overrides(argv) -> None:
+    """Refuses a `--config.a.b=V` override naming no field of the schema, in one line naming that
+    argument, the field and the nearest ones, before ml_collections reads it: its own error names a
+    field of the first argument it did not recognise, and reports it against the last one."""
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    if not overrides:
+        return
+    from jaxrl_llm.config import base_config  # every config file builds on it; check_fields holds them to it
+    from jaxrl_llm.validation import unknown_field
+    schema = base_config()
+    for arg in overrides:
+        problem = unknown_field(arg[len("--config."):].split("=", 1)[0], schema)
+        if problem:
+            raise UnknownConfigField(f"{arg}: {problem}")
+
+
 def _flag_error(e: Exception, argv) -> str:
     text = str(e)
-    if isinstance(e, (AttributeError, KeyError)):  # an unknown config field: name the argument
-        text = text.strip("'\"").encode("utf-8").decode("unicode_escape").replace("\\'", "'")
-        name = text.split("'")[1] if text.count("'") >= 2 else ""
-        arg = next((a for a in argv[1:] if a.startswith("--config.") and f".{name}" in a.split("=")[0]), None)
-        text = f"unknown config field {name!r}" + (f" in {arg}" if arg else "") + f": {text}"
+    if isinstance(e, (AttributeError, KeyError)):  # a config key missing where the schema allows any
+        # (reward.kwargs.<fn>.<arg>): ml_collections' message is the bare key, e.g. "'math_answer'".
+        name = text.strip("'\"\\ ").split("'")[0].split()[0] if text.strip("'\"\\ ") else ""
+        arg = next((a for a in argv[1:] if a.startswith("--config.") and name and
+                    name in a.split("=", 1)[0].split(".")), None)
+        text = (f"{arg or 'a --config override'}: no config field '{name}' to override; "
+                "reward.kwargs entries must be set in the config file (or through the Python API) first")
     head, sep, tb = text.partition("Traceback (most recent call last):")
     if sep:  # an exception raised inside the config file: keep its last line, the message
         lines = [line.strip() for line in tb.splitlines() if line.strip()]
@@ -71,9 +94,15 @@ def _flag_error(e: Exception, argv) -> str:
 
 
 def run_cli(main_fn, verbose: bool, prog: str):
-    """Runs main_fn; any error becomes one line on stderr and exit status 1 (unless verbose)."""
+    """Runs main_fn; any error becomes one line on stderr and exit status 1 (unless verbose). A run stopped
+    by a signal after saving says where a rerun resumes and exits with 75 (preempted: rerun it) or 130
+    (interrupted by Ctrl-C); see jaxrl_llm/preemption.py."""
+    from jaxrl_llm.preemption import Preempted
     try:
         main_fn()
+    except Preempted as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -90,9 +90,10 @@ def _validate_model_and_data(c) -> None:
     for f in ("model.logits_chunk", "model.hidden_size", "model.num_layers", "model.num_heads",
               "model.num_kv_heads", "model.intermediate_size", "model.max_position_embeddings"):
         _check(c, f, lambda v: _is_int(v) and v >= 1, "a positive int")
-    if c.model.num_heads % c.model.num_kv_heads or c.model.hidden_size % c.model.num_heads:
-        _fail("model.num_kv_heads", "a divisor of model.num_heads (which must divide hidden_size)",
-              c.model.num_kv_heads)
+    if c.model.hidden_size % c.model.num_heads:
+        _fail("model.num_heads", f"a divisor of model.hidden_size={c.model.hidden_size}", c.model.num_heads)
+    if c.model.num_heads % c.model.num_kv_heads:
+        _fail("model.num_kv_heads", f"a divisor of model.num_heads={c.model.num_heads}", c.model.num_kv_heads)
     validate_data_config(c.data)
     if not c.data.path and not c.data.task:
         raise ValueError("config.data.path and config.data.task are both empty; set one")
@@ -254,6 +255,32 @@ def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> 
     if not close:
         return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
     return "; did you mean " + " or ".join(f"{prefix}{k}" for k in close) + "?"
+
+
+def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
+    """Why the dotted `path` of a command-line override is not a field of `schema`, in words naming
+    the nearest fields (or the section's), or None when it is one (or lies in a free-form section)."""
+    node, prefix = schema, ""
+    parts = path.split(".")
+    for i, key in enumerate(parts):
+        if (prefix + key) in FREE_FORM:
+            return None
+        last = i == len(parts) - 1
+        if key not in node:
+            names = [k for k in node.keys() if last or isinstance(node[k], ml_collections.ConfigDict)]
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+            if close:
+                hint = "; did you mean " + " or ".join(f"'{prefix}{k}'" for k in close) + "?"
+            else:
+                where = f"fields of {prefix[:-1]}" if prefix else ("top-level fields" if last else "sections")
+                hint = f" ({'no such section; ' if not last else ''}{where}: {', '.join(sorted(names))})"
+            return f"unknown config field '{prefix}{key}'{hint}"
+        if not last and not isinstance(node[key], ml_collections.ConfigDict):
+            return f"config field '{prefix}{key}' is a value, not a section: no field '{path}'"
+        node, prefix = node[key], prefix + key + "."
+    if isinstance(node, ml_collections.ConfigDict) and path not in FREE_FORM:
+        return f"'{path}' is a section, not a field (its fields: {', '.join(sorted(node.keys()))})"
+    return None
 
 
 def _validate_eval(c) -> None:

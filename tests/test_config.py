@@ -78,3 +78,36 @@ def test_a_typo_inside_a_config_file_fails_the_cli_before_anything_loads(tmp_pat
     assert proc.stderr.strip().splitlines()[-1] == (
         "jaxrl_llm.train: error: config.rollout.gruop_size is not a config field; did you mean rollout.group_size?")
     assert not (tmp_path / "wd").exists()  # refused before the workdir was made
+
+
+@pytest.mark.parametrize("path,message", [
+    ("rollout.group_size", None),
+    ("reward.kwargs.math_answer.tol", None),  # free-form: the user's keys
+    ("rollout.gruop_size", "unknown config field 'rollout.gruop_size'; did you mean 'rollout.group_size'?"),
+    ("rolout.group_size", "unknown config field 'rolout'; did you mean 'rollout'?"),
+    ("total_step", "unknown config field 'total_step'; did you mean 'total_steps'?"),
+    ("lora.rank", "unknown config field 'lora' (no such section; sections: advantage, checkpoint, correction,"),
+    ("rollout.xyzzy", "unknown config field 'rollout.xyzzy' (fields of rollout: batch_prompts, compute_dtype,"),
+    ("seed.x", "config field 'seed' is a value, not a section: no field 'seed.x'"),
+    ("rollout", "'rollout' is a section, not a field (its fields: batch_prompts,"),
+])
+def test_unknown_override_paths_name_the_field_and_the_nearest_ones(path, message):
+    from jaxrl_llm.validation import unknown_field
+    got = unknown_field(path, config_lib.base_config())
+    assert got == message if message is None else got.startswith(message), got
+
+
+def test_cli_names_the_argument_of_an_unknown_field():
+    """ml_collections reported `--config.lora.rank=4 --config.export.plot=False` as "unknown config field
+    '' in --config.export.plot=False: lora": the field of one argument against the other."""
+    from jaxrl_llm import cli
+    argv = ["prog", "--config=configs/tiny.py", "--config.export.plot=False", "--config.lora.rank=4"]
+    with pytest.raises(cli.UnknownConfigField, match=r"^--config.lora.rank=4: unknown config field 'lora' "
+                                                     r"\(no such section; sections: "):
+        cli._check_config_overrides(argv)
+    cli._check_config_overrides(["prog", "--config.rollout.group_size=4", "--workdir=x"])  # known: passes
+    # A free-form key the config file does not hold: ml_collections raises KeyError("'math_answer'").
+    argv = ["prog", "--config.rollout.group_size=4", "--config.reward.kwargs.math_answer.tol=1"]
+    assert cli._flag_error(KeyError("'math_answer'"), argv) == (
+        "--config.reward.kwargs.math_answer.tol=1: no config field 'math_answer' to override; reward.kwargs "
+        "entries must be set in the config file (or through the Python API) first")

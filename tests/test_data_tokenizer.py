@@ -111,5 +111,7 @@ def test_load_tokenizer_hub_name_goes_to_auto_tokenizer(monkeypatch):
 
 
 def test_load_tokenizer_directory_without_tokenizer_files(tmp_path):
-    with pytest.raises(ValueError, match=r"could not load tokenizer '.*': "):
+    (tmp_path / "config.json").write_text("{}")  # a model directory whose tokenizer lives elsewhere
+    with pytest.raises(ValueError, match=r"tokenizer directory '.*' holds none of tokenizer.json, "
+                                         r"tokenizer_config.json, .*; set config.tokenizer"):
         load_tokenizer(str(tmp_path))

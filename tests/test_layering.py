@@ -25,7 +25,7 @@ FORBIDDEN = {
 for _unit in ("rl", "models", "data", "rewards", "sampling", "config", "validation", "presets"):
     FORBIDDEN[_unit].add("evaluate")  # evaluation sits above the algorithm packages, beside the trainer
 FORBIDDEN["evaluate"] = {"train", "export"}  # it may use trainer/setup.py; the command lines are not a library
-INFRASTRUCTURE = ("checkpoint", "metrics", "distributed", "sharding", "fs", "faults")
+INFRASTRUCTURE = ("checkpoint", "metrics", "distributed", "sharding", "fs", "faults", "preemption")
 for _unit in INFRASTRUCTURE:  # the infrastructure modules know nothing of the algorithm packages
     FORBIDDEN[_unit] = {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "evaluate"}
 

@@ -357,7 +357,13 @@ CATALOGUE = [
     ("group_size_not_an_int", _train(rollout__group_size="abc"),
      "flag --config.rollout.group_size=abc: invalid literal for int()"),
     ("unknown_config_field", lambda a: ("train", fr.train_args(a["wd"]) + ["--config.rollout.gruop_size=2"], {}),
-     "unknown config field 'gruop_size' in --config.rollout.gruop_size=2"),
+     "--config.rollout.gruop_size=2: unknown config field 'rollout.gruop_size'; did you mean 'rollout.group_size'?"),
+    ("unknown_config_section", lambda a: ("train", fr.train_args(a["wd"]) + ["--config.lora.rank=4",
+                                                                             "--config.export.plot=False"], {}),
+     "--config.lora.rank=4: unknown config field 'lora' (no such section; sections: advantage, checkpoint,"),
+    ("negative_total_steps", _train(total_steps=-1), "config.total_steps must be an int >= 1, got -1"),
+    ("total_steps_below_the_checkpoint", lambda a: ("train", fr.train_args(a["ref_copy"], total_steps=3), {}),
+     f"config.total_steps=3 is below step {STEPS}, where the checkpoint in"),
     ("bad_config_file_argument", lambda a: ("train", [f"--config={fr.ROOT}/configs/tiny.py:algo=grpo,lr=1",
                                                       f"--workdir={a['wd']}"], {}),
      "configs/tiny.py: unknown argument(s) ['lr']"),
@@ -370,12 +376,31 @@ CATALOGUE = [
                                                {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
      "config.rollout.batch_prompts=3 (per micro-batch: 3) must be divisible by mesh data*fsdp=2"),
     ("missing_model_dir", _train(model__path="/nonexistent/model"), "model.path '/nonexistent/model' is not a directory"),
+    ("model_without_config_json", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_weights_only"]), {}),
+     "model_weights_only/config.json: not found (a Hugging Face model directory holds config.json)"),
+    ("model_without_tokenizer", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_no_tokenizer"]), {}),
+     "model_no_tokenizer' holds none of tokenizer.json, tokenizer_config.json"),
+    ("model_without_weights", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_no_weights"]), {}),
+     "model_no_weights: no model.safetensors or model.safetensors.index.json"),
+    ("model_unsupported_architecture", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_gpt2"]), {}),
+     "unsupported model_type 'gpt2'; supported: llama"),
+    ("model_config_disagrees_with_weights", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_shapes"]),
+                                                       {}), "model_shapes: tensor model.layers.0.mlp."),
+    ("value_model_missing", _train(algo="ppo", rollout__group_size=1, value__init="/nonexistent/value"),
+     "config.value.init '/nonexistent/value' is neither 'policy' nor a directory"),
+    ("mesh_product_not_the_device_count", _train(mesh__data=3, mesh__fsdp=1),
+     "mesh data*fsdp*tensor = 3*1*1 = 3 does not match the 1 available devices"),
     ("corrupt_safetensors", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_corrupt"]), {}),
      "model.safetensors: truncated"),
     ("tokenizer_without_eos", lambda a: ("train", fr.train_args(a["wd"], tokenizer=a["tok_no_eos"]), {}),
      "has no EOS token"),
     ("dataset_missing_its_column", _data("data_no_prompt"), "dataset lacks the configured column(s) ['prompt']"),
     ("empty_dataset", _data("data_empty"), "no rows"),
+    ("missing_dataset_file", _data("data_missing"), "data.path '/nonexistent/prompts.jsonl' does not exist"),
+    ("jsonl_with_a_bad_line", _data("data_bad_line"), "could not be read: line 2 is not valid JSON"),
+    ("dataset_of_unsupported_format", _data("data_txt"), "has extension '.txt'; expected one of"),
+    ("dataset_with_a_null_prompt", _data("data_null_prompt"),
+     "data.prompt_column 'prompt' of row 3 holds NoneType, expected a string"),
     ("prompt_too_long_under_error_policy", _data("data_long", data__max_prompt_length_policy="error"),
      "tokens > data.max_prompt_length=16 (data.max_prompt_length_policy='error')"),
     ("unknown_reward", _train(reward__functions="no_such_module:score"), "cannot import reward 'no_such_module:score'"),
@@ -413,12 +438,22 @@ def _catalogue_assets(tmp, ref) -> dict:
     a["model_corrupt"] = str(tmp / "model_corrupt")
     fixtures_data.make_tiny_tokenizer(tmp / "tok_no_eos", chat_template=False, eos=False)
     a["tok_no_eos"] = str(tmp / "tok_no_eos")
+    a.update(_model_assets(tmp))
     rows = lambda prompt: "".join(json.dumps({"prompt": prompt, "answer": "4", "level": 1}) + "\n" for _ in range(8))
     (tmp / "long.jsonl").write_text(rows("What is the largest of the digits 3, 1, 4, 1, 5, 9, 2, 6?"))
     (tmp / "no_prompt.jsonl").write_text(rows("2+2?").replace('"prompt"', '"question"'))
     (tmp / "empty.jsonl").write_text("")
     a.update(data_long=str(tmp / "long.jsonl"), data_no_prompt=str(tmp / "no_prompt.jsonl"),
-             data_empty=str(tmp / "empty.jsonl"))
+             data_empty=str(tmp / "empty.jsonl"), data_missing="/nonexistent/prompts.jsonl")
+    lines = rows("2+2?").splitlines()
+    (tmp / "bad_line.jsonl").write_text("\n".join([lines[0], '{"prompt": "3+1?", ', *lines[1:]]) + "\n")
+    (tmp / "prompts.txt").write_text("2+2?\n")
+    (tmp / "null_prompt.jsonl").write_text("".join(json.dumps({"prompt": None if i == 3 else "2+2?", "answer": "4", "level": 1})
+                                                   + "\n" for i in range(8)))
+    a.update(data_bad_line=str(tmp / "bad_line.jsonl"), data_txt=str(tmp / "prompts.txt"),
+             data_null_prompt=str(tmp / "null_prompt.jsonl"))
+    shutil.copytree(ref, tmp / "ref_copy", ignore=shutil.ignore_patterns("hf"))
+    a["ref_copy"] = str(tmp / "ref_copy")
     config = json.loads((ref / "config.json").read_text())
     config["rollout"]["max_new_tokens"] = 5
     os.makedirs(tmp / "wd_other_config")
@@ -432,6 +467,28 @@ def _catalogue_assets(tmp, ref) -> dict:
     fr.flip_a_parameter_bit(tmp / "ref_corrupt" / "checkpoints" / str(STEPS) / "state")
     a["ref_corrupt"] = str(tmp / "ref_corrupt")
     return a
+
+
+def _model_assets(tmp) -> dict:
+    """Hugging Face model directories with one thing wrong each."""
+    import fixtures_data
+    import fixtures_hf
+    out = {}
+    for name in ("model_weights_only", "model_no_tokenizer", "model_no_weights", "model_gpt2", "model_shapes"):
+        tok = fixtures_data.make_tiny_tokenizer(tmp / name, chat_template=False)
+        fixtures_hf.make_hf_model(str(tmp / name), "llama", vocab_size=len(tok))
+        out[name] = str(tmp / name)
+    for f in os.listdir(tmp / "model_weights_only"):  # the weights alone
+        if f != "model.safetensors":
+            os.remove(tmp / "model_weights_only" / f)
+    for f in os.listdir(tmp / "model_no_tokenizer"):
+        if f.startswith(("tokenizer", "special_tokens", "vocab")):
+            os.remove(tmp / "model_no_tokenizer" / f)
+    os.remove(tmp / "model_no_weights" / "model.safetensors")
+    fixtures_hf.rewrite_config(out["model_gpt2"], model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    config = json.loads((tmp / "model_shapes" / "config.json").read_text())
+    fixtures_hf.rewrite_config(out["model_shapes"], intermediate_size=2 * config["intermediate_size"])
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,22 @@ BAD_CONFIGS = [
     ({"data.task": "", "data.path": ""}, "config.data.path and config.data.task are both empty"),
     ({"data.task": "sudoku"}, "config.data.task 'sudoku' is unknown"),
     ({"advantage.estimator": "gae"}, "config.value.enabled must be True with the gae estimator"),
+    ({"total_steps": -1}, "config.total_steps must be an int >= 1, got -1"),
+    ({"total_steps": 0}, "config.total_steps must be an int >= 1, got 0"),
+    ({"seed": -1}, "config.seed must be a non-negative int, got -1"),
+    ({"rollout.group_size": 0}, "config.rollout.group_size must be a positive int, got 0"),
+    ({"model.num_heads": 3}, "config.model.num_heads must be a divisor of model.hidden_size=32, got 3"),
+    ({"model.num_kv_heads": 3}, "config.model.num_kv_heads must be a divisor of model.num_heads=4, got 3"),
+    ({"train.grad_accum": 3}, r"config.train.grad_accum must be a divisor of the prompts per minibatch \(4\)"),
+    ({"checkpoint.every_steps": 0}, "config.checkpoint.every_steps must be an int >= 1, got 0"),
+    ({"mesh.tensor": 0}, "config.mesh.tensor must be a positive int or -1, got 0"),
+    ({"export.dtype": "int8"}, "config.export.dtype must be '', float32, bfloat16 or float16, got 'int8'"),
+    ({"data.task_weights": (1.0, 1.0)}, "config.data.task_weights must be 4 non-negative level weights"),
+    ({"kl.estimator": "k1"}, "config.kl.estimator must be k2, k3 or k3\\+ with kl.placement='loss'"),
+    ({"data.max_prompt_length": 200}, "rollout.max_new_tokens = 203 exceeds the model's max_position_embeddings 64"),
+    ({"algo": "ppo", "rollout.group_size": 1, "value.init": "/no/value"},
+     "config.value.init '/no/value' is neither 'policy' nor a directory"),
+    ({"eval.every_steps": 2, "eval.path": "/no/eval.jsonl"}, "config.eval.path '/no/eval.jsonl'"),
 ]
 
 

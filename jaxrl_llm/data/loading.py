@@ -9,6 +9,7 @@ configured answer/extra columns under their own names, plus counts for the metri
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 
@@ -76,6 +77,11 @@ def load_raw_dataset(config) -> datasets.Dataset:
         raise ValueError(f"data.path {config.path!r} does not exist")
     try:
         dataset = load()
+    except datasets.exceptions.DatasetGenerationError as e:  # a file that does not parse: say where
+        cause = e.__cause__ or e
+        detail = _first_bad_json_line(path) if os.path.isfile(path) else None
+        detail = detail or " ".join(str(cause).split())[:300] or type(cause).__name__
+        raise ValueError(f"data.path {config.path!r} could not be read: {detail}") from e
     except (OSError, ValueError, StopIteration, datasets.exceptions.DatasetNotFoundError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         # What `datasets` says of a file with no rows: "corresponds to no data", or (its json builder
@@ -92,6 +98,26 @@ def load_raw_dataset(config) -> datasets.Dataset:
             f"data.path {config.path!r} gave a {type(dataset).__name__}, expected one split (a datasets.Dataset)"
         )
     return dataset
+
+
+def _first_bad_json_line(path: str) -> str | None:
+    """'line N is not ...' for the first line of a JSON-lines file that is not a JSON object; None when
+    every line is one (or the file is one JSON document, as a .json file may be)."""
+    if os.path.splitext(path)[1].lower() not in (".jsonl", ".ndjson", ".json"):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:
+                if number == 1 and line.lstrip().startswith(("[", "{")) and path.endswith(".json"):
+                    return None  # a multi-line JSON document: datasets' own message is the better one
+                return f"line {number} is not valid JSON ({e.msg} at column {e.colno})"
+            if not isinstance(value, dict):
+                return f"line {number} is a JSON {type(value).__name__}, expected an object of columns"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -62,6 +62,11 @@ def _looks_like_local_path(path: str) -> bool:
     return os.path.isabs(path) or path.startswith(("./", "../", "~")) or path in (".", "..")
 
 
+# What a Hugging Face tokenizer directory holds (one of them at least): fast, slow and SentencePiece forms.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
 def load_tokenizer(path_or_name: str) -> transformers.PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained(path_or_name)`; the empty string gives `builtin_tokenizer()`.
 
@@ -72,8 +77,12 @@ def load_tokenizer(path_or_name: str) -> transformers.PreTrainedTokenizerBase:
         raise ValueError(f"tokenizer path must be a string, got {type(path_or_name).__name__}")
     if path_or_name == "":
         return builtin_tokenizer()
-    if _looks_like_local_path(path_or_name) and not os.path.isdir(os.path.expanduser(path_or_name)):
+    local = os.path.expanduser(path_or_name)
+    if _looks_like_local_path(path_or_name) and not os.path.isdir(local):
         raise ValueError(f"tokenizer path {path_or_name!r} is not an existing directory")
+    if os.path.isdir(local) and not any(os.path.isfile(os.path.join(local, f)) for f in TOKENIZER_FILES):
+        raise ValueError(f"tokenizer directory {path_or_name!r} holds none of {', '.join(TOKENIZER_FILES)}; "
+                         "set config.tokenizer to the model's tokenizer")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.expanduser(path_or_name))
     except (OSError, ValueError) as e:

@@ -8,6 +8,8 @@
   eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
              metric files; `initial_eval`), then every k steps and at the end, in that step's row
   end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
+  signal     SIGTERM / SIGINT / JAX's preemption notice: the step finishes, a checkpoint of it is
+             committed, `Preempted` is raised (jaxrl_llm/preemption.py)
 
 An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
 subclass. Shapes: B prompts, G completions per prompt, N = B*G rows (prompt b owns rows b*G..b*G+G-1),
@@ -36,6 +38,7 @@ from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
 from jaxrl_llm.models import save_hf
 from jaxrl_llm.models.config import config_to_hf_dict
+from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer import report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
@@ -69,12 +72,14 @@ class Trainer:
         wd = prepare_workdir(workdir, c)
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
-        self._init_state(model_path)
+        # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
+        self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
-        self.evaluator = self._evaluator(callables) if c.eval.every_steps else None
+        self.evaluator = self._evaluator(callables, eval_rows) if eval_rows is not None else None
         self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
@@ -99,13 +104,13 @@ class Trainer:
         self.state, self.state_shardings = setup.init_train_state(
             self.objective, self.plan, params, self.param_shardings, value, self.mesh, state_rng, refresh)
 
-    def _evaluator(self, callables) -> evaluate.Evaluator:
+    def _evaluator(self, callables, eval_rows) -> evaluate.Evaluator:
         """The held-out evaluation; its rewards are the training ones unless eval.rewards names others."""
         ec = evaluate.reward_config(self.c)
         same = config_lib.reward_specs(ec) == config_lib.reward_specs(self.c)
         fns = self.reward_fns if same else setup.build_rewards(ec, self.mesh, callables)
         return evaluate.Evaluator(self.c, self.mc, self.mesh, self.tokenizer, fns, self.eos_ids, self.pad_id,
-                                  evaluate.load_eval_data(self.c, self.tokenizer))
+                                  eval_rows)
 
     def _restore(self) -> int:
         """Restores the latest checkpoint, if any (exact resume: state and data position)."""
@@ -113,6 +118,9 @@ class Trainer:
         if restored is None:
             return 0
         start, self.state, meta = restored
+        if start > self.c.total_steps:  # else the run would do nothing and exit 0
+            raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
+                             f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
         self.data.restore(meta["data"])
         log.info("resumed from step %d in %s", start, self.workdir)
         return start
@@ -183,29 +191,46 @@ class Trainer:
             # one row per training step.
             self.initial_eval = self.evaluator(state.params)[0]
             self.writer.write(0, self.initial_eval)
-        with progress as bar:
-            for step in range(self.start_step, c.total_steps):
-                state, m, samples = self.train_step(state)
-                if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0 or step + 1 == c.total_steps):
-                    m.update(self.evaluator(state.params)[0])
-                self.writer.write(step + 1, m)
-                if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
-                    self.writer.write_samples(step + 1, samples)
-                history.append(m)
-                if bar is not None and hasattr(bar, "update"):
-                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
-                                    tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
-                    bar.update(1)
-                self._check_finite(state, step)
-                if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
-                    self.save(state)
+        # SIGTERM / SIGINT / JAX's preemption notice: the step in progress finishes, then a checkpoint
+        # of it is committed and Preempted raised (jaxrl_llm/preemption.py). After the last step a signal
+        # waits for the final checkpoint and export. The previous handlers are back on exit.
+        with StopSignals() as stop:
+            with progress as bar:
+                for step in range(self.start_step, c.total_steps):
+                    state, m, samples = self.train_step(state)
+                    if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
+                                                       or step + 1 == c.total_steps):
+                        m.update(self.evaluator(state.params)[0])
+                    self.writer.write(step + 1, m)
+                    if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
+                        self.writer.write_samples(step + 1, samples)
+                    history.append(m)
+                    if bar is not None and hasattr(bar, "update"):
+                        bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
+                                        tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
+                        bar.update(1)
+                    self._check_finite(state, step)
+                    if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
+                        self.save(state)
+                    reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
+                    if reason and step + 1 < c.total_steps:
+                        self._stop(state, reason)
+            self.state = state
+            if self.ckpt.latest_step() != int(state.step):
+                self.save(state, force=True)
+            self.ckpt.wait()
+            self.writer.flush()
+            self.finish()
+        return history
+
+    def _stop(self, state, reason: str) -> None:
+        """Commits a checkpoint of `state` (awaited: the process may exit next), then raises Preempted."""
         self.state = state
         if self.ckpt.latest_step() != int(state.step):
             self.save(state, force=True)
-        self.ckpt.wait()
-        self.writer.flush()
-        self.finish()
-        return history
+        self.ckpt.close()  # waits for the write to commit
+        self.writer.close()
+        raise Preempted(reason, int(state.step), self.c.total_steps, str(self.workdir))
 
     def _check_finite(self, state, step: int) -> None:
         if int(state.nonfinite) >= self.c.train.max_nonfinite_steps:

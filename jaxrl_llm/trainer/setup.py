@@ -72,12 +72,16 @@ def builtin_model_config(c: ml_collections.ConfigDict, tokenizer) -> ModelConfig
 def load_model_config(c: ml_collections.ConfigDict):
     """(model path or "", tokenizer, ModelConfig, EOS ids, pad id), checked against the rollout's length."""
     model_path = resolve_model_path(c.model.path) if c.model.path else ""
-    tokenizer = load_tokenizer(c.tokenizer or model_path)
-    if model_path:
+    if model_path:  # config.json first: without it the tokenizer fails too, with a message about itself
         mc = read_hf_config(model_path, param_dtype=c.model.dtype, dtype=c.model.compute_dtype,
                             remat=c.model.remat, logits_chunk=c.model.logits_chunk)
+        tokenizer = load_tokenizer(c.tokenizer or model_path)
     else:
+        tokenizer = load_tokenizer(c.tokenizer)
         mc = builtin_model_config(c, tokenizer)
+    if c.value.enabled and c.value.init != "policy" and not os.path.isdir(c.value.init):
+        raise FileNotFoundError(f"config.value.init {c.value.init!r} is neither 'policy' nor a directory (a Hugging "
+                                "Face *ForSequenceClassification model)")
     eos_ids = eos_ids_of(model_path, tokenizer, mc)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0])
     if c.data.max_prompt_length + c.rollout.max_new_tokens > mc.max_position_embeddings:

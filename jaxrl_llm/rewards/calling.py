@@ -43,6 +43,7 @@ class _Signature:
     required: tuple[str, ...]  # parameters without a default
     var_keyword: bool  # has **kwargs
     positional_only: bool  # one of the first two parameters cannot be passed by keyword
+    bound: frozenset[str] = frozenset()  # options bound with functools.partial: never overridden by an input
 
 
 _CACHE: dict[int, tuple[Callable[..., Any], _Signature]] = {}
@@ -56,7 +57,7 @@ def _signature(fn: Callable[..., Any]) -> _Signature:
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        sig = _Signature(False, (), (), (), True, False)
+        sig = _Signature(False, (), (), (), True, False)  # called the old way, with everything
     else:
         # Options bound with functools.partial (get_reward_fn's configuration) are not call inputs.
         bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
@@ -69,23 +70,21 @@ def _signature(fn: Callable[..., Any]) -> _Signature:
             required=tuple(p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,
                                                                                                 p.VAR_KEYWORD)),
             var_keyword=any(p.kind == p.VAR_KEYWORD for p in params),
-            positional_only=any(kinds[n] == inspect.Parameter.POSITIONAL_ONLY for n in positional[:2]))
+            positional_only=any(kinds[n] == inspect.Parameter.POSITIONAL_ONLY for n in positional[:2]),
+            bound=frozenset(bound))
     _CACHE[id(fn)] = (fn, sig)
     return sig
 
 
 def _legacy(sig: _Signature, available: Collection[str]) -> bool:
     """The positional style: the first two parameters take prompts and completions whatever their names.
-    It is recognised by its first parameter: one the call does not provide (`p`, `_`, `samples`), or
-    `prompts` followed by one it does not provide (`prompts, outputs`); or one that is positional-only.
-    A TRL-style function starts with a name it uses (`completions, solution`): an unknown name after it
-    is then an error, not a silent shift of the arguments."""
+    It is recognised by its first parameter: one the call does not provide (`p`, `_`, `samples`), or a
+    positional-only one. A TRL-style function starts with a name it uses (`completions, solution` or
+    `prompts, level`): an unknown name after it is an error, never a silent shift of the arguments."""
     if not sig.readable:
         return True
     head = sig.positional[:2]
-    if len(head) < 2:
-        return False
-    return sig.positional_only or head[0] not in available or (head[0] == "prompts" and head[1] not in available)
+    return len(head) == 2 and (sig.positional_only or head[0] not in available)
 
 
 def missing_parameters(fn: Callable[..., Any], available: Collection[str]) -> list[str]:
@@ -102,9 +101,11 @@ def call_reward(fn: Callable[..., Any], prompts: list[str], completions: list[st
     """`fn` called with what it declares: by keyword (everything, with **kwargs), or positionally for the
     old `(prompts, completions, **columns)` style."""
     sig = _signature(fn)
+    if sig.bound:  # a dataset column named like a configured option does not replace the option
+        columns = {k: v for k, v in columns.items() if k not in sig.bound}
     values = {"prompts": prompts, "completions": completions, **columns}
     if _legacy(sig, values):
-        rest = columns if sig.var_keyword or not sig.readable else {
+        rest = columns if sig.var_keyword else {
             k: v for k, v in columns.items() if k in sig.keyword and k not in sig.positional[:2]}
         return fn(prompts, completions, **rest)
     if sig.var_keyword:

@@ -7,7 +7,8 @@
              state-donating update -> metrics, samples, checkpoint
   eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
              metric files; `initial_eval`), then every k steps and at the end, in that step's row
-  end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
+  end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker, the
+             summary printed (trainer/feedback.py)
 
 An algorithm is an `Objective` (jaxrl_llm/rl/objective.py) read from the config's preset, never a
 subclass. Shapes: B prompts, G completions per prompt, N = B*G rows (prompt b owns rows b*G..b*G+G-1),
@@ -52,8 +53,9 @@ class Trainer:
     config: a ConfigDict (`jaxrl_llm.base_config()` or a config file's) or a dict of fields (nested, or
       dotted keys such as "rollout.group_size"); validated once, with unknown fields refused.
     workdir: a local path or a URL that etils.epath and Orbax read (gs://...).
-    rewards: reward functions replacing `reward.functions`: callables `fn(prompts, completions,
-      **columns)`, registry names or "module:function" paths, each optionally as (reward, weight).
+    rewards: reward functions replacing `reward.functions`: callables (called by keyword with the
+      inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names or
+      "module:function" paths, each optionally as (reward, weight).
     dataset: prompt rows replacing `data.path`/`data.task`: a `datasets.Dataset` or a list of dicts with
       the configured prompt (and answer) columns.
     devices: those of the mesh, all of `jax.devices()` by default.

@@ -12,8 +12,15 @@ The names a user needs, imported on first use (so `import jaxrl_llm` stays light
 See README.md ("Python API") and docs/design.md.
 """
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+# transformers warns when it is imported without PyTorch ("PyTorch was not found. Models won't be
+# available..."): jaxrl_llm uses it for tokenizers and configs only and runs its models in JAX, so on the
+# install the README gives every command would print a warning that is no problem. Dropped here, before
+# any entry point (python -m jaxrl_llm.*) or the Python API imports transformers; its other messages stay.
+logging.getLogger("transformers").addFilter(lambda record: not str(record.msg).startswith("PyTorch was not found"))
 
 _EXPORTS = {
     "base_config": "jaxrl_llm.config",

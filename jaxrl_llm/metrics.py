@@ -144,10 +144,12 @@ class MetricsWriter:
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:
             return
-        self._append(self.samples_path, [json.dumps({"step": int(step), **s}) + "\n" for s in samples])
+        # default=str: a dataset's reference column may hold values JSON has no type for (dates, ...).
+        self._append(self.samples_path, [json.dumps({"step": int(step), **s}, default=str) + "\n" for s in samples])
         if self.tb is not None:
             text = "\n\n".join(f"**prompt:** `{s['prompt']}`  \n**completion:** `{s['completion']}`  \n"
-                               f"**reward:** {s['reward']:.4f}" for s in samples)
+                               + (f"**reference:** `{s['reference']}`  \n" if "reference" in s else "")
+                               + f"**reward:** {s['reward']:.4f}" for s in samples)
             self.tb.add_text("samples", text, int(step))
 
     def flush(self):

@@ -51,7 +51,7 @@ def test_local_file_formats_load_all_rows(tmp_path, fmt):
     rows = write_gsm8k_like(path, 12, fmt)
     tok = builtin_tokenizer()
     ds, stats = load_prompt_dataset(_config(path, tmp_path), tok)
-    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "answer"]
+    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "question", "answer"]  # every column
     assert ds["prompt_text"] == [r["question"] for r in rows]  # no chat template: the raw column
     assert ds["answer"] == [r["answer"] for r in rows]
     assert ds["prompt_ids"] == [tok.encode(r["question"]) for r in rows]
@@ -166,12 +166,15 @@ def test_raw_prompt_bos_rule(tmp_path, raw_bos_tok):
     assert prompts_lib.tokenizer_adds_bos(raw_bos_tok) and not prompts_lib.tokenizer_adds_bos(builtin_tokenizer())
 
 
-def test_prompt_template_and_extra_columns(tmp_path):
-    rows = [{"q": f"{i}+{i}", "answer": str(2 * i), "level": i % 3, "unused": "x"} for i in range(5)]
+def test_prompt_template_and_every_column_kept(tmp_path):
+    rows = [{"q": f"{i}+{i}", "answer": str(2 * i), "level": i % 3, "unused": "x", "prompt_text": "theirs"}
+            for i in range(5)]
     datasets.Dataset.from_list(rows).to_json(str(tmp_path / "d.jsonl"))
     config = _config(tmp_path / "d.jsonl", tmp_path, prompt_template="Compute {q}.\nAnswer:", extra_columns=("level",))
     ds, _ = load_prompt_dataset(config, builtin_tokenizer())
-    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "answer", "level"]
+    # Every column reaches the rewards; a column named like a generated one is replaced by it.
+    assert ds.column_names == ["prompt_text", "prompt_ids", "prompt_user", "q", "answer", "level", "unused"]
+    assert ds["unused"] == ["x"] * 5
     assert ds["prompt_text"] == [f"Compute {r['q']}.\nAnswer:" for r in rows]
     assert ds["level"] == [r["level"] for r in rows]
 

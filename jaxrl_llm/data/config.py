@@ -24,8 +24,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.cache_dir = ""  # `datasets` cache directory; "" for its default (~/.cache/huggingface)
     c.prompt_column = "question"  # column holding the prompt (text or a list of chat messages)
     c.prompt_template = ""  # format string over the row's columns, e.g. "Q: {question}\nA:"; wins over prompt_column
-    c.answer_column = "answer"  # column passed to reward functions under its own name; "" for none
-    c.extra_columns = ()  # further columns passed through to reward functions, e.g. ("tests",)
+    c.answer_column = "answer"  # the reference answer: required, in samples.jsonl, eval's maj@k; "" for none
+    c.extra_columns = ()  # further columns that must be present, e.g. ("tests",); every column reaches the rewards
     c.system_prompt = ""  # system message (chat template), or a first paragraph of raw prompts
     c.use_chat_template = ml_collections.FieldReference("auto", field_type=object)  # 'auto' | True | False
     c.max_prompt_length = 512  # longest prompt in tokens; also the largest padding bucket

@@ -119,6 +119,16 @@ class PromptIterator:
         full, rest = divmod(self._num_rows, self._batch_size)
         return full + (1 if rest and not self._drop_last else 0)
 
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows an epoch serves (global): all of them, less the remainder that drop_last skips."""
+        return self.steps_per_epoch * self._batch_size if self._drop_last else self._num_rows
+
+    @property
+    def rows_served(self) -> int:
+        """Rows served (global) since the first epoch began: a function of the state, exact across resumes."""
+        return self._epoch * self.rows_per_epoch + self._position
+
     # ------------------------------------------------------------------------------------------------
     # State.
 

@@ -1,8 +1,9 @@
 """Prompt datasets: the `data` config section, loading with `datasets.load_dataset`, tokenizing once.
 
 `load_prompt_dataset(config.data, tokenizer)` returns a `datasets.Dataset` with the columns
-`prompt_text` (str, what the model is prompted with), `prompt_ids` (list[int], unpadded) and the
-configured answer/extra columns under their own names, plus counts for the metrics
+`prompt_text` (str, what the model is prompted with), `prompt_ids` (list[int], unpadded),
+`prompt_user` (the user's prompt before any chat template) and every column of the dataset under its own
+name (the rewards receive them all), plus counts for the metrics
 (`data/dropped_too_long`, `data/truncated`, ...). `PromptIterator` batches it.
 """
 
@@ -177,7 +178,8 @@ def prepare_prompts(
 ) -> tuple[datasets.Dataset, dict[str, int]]:
     """Builds and tokenizes the prompt of every row, applies the max-length policy.
 
-    Returns (dataset with columns prompt_text, prompt_ids, answer/extra columns; stats) where stats has
+    Returns (dataset with columns prompt_text, prompt_ids, prompt_user and every column of `dataset`;
+    stats) where stats has
     `data/rows_loaded`, `data/rows`, `data/dropped_too_long`, `data/truncated`, `data/prompt_length_max`.
     The max-length policy: 'drop' removes longer prompts, 'truncate_left' keeps their last
     max_prompt_length tokens (a leading BOS stays in front; prompt_text is the decoded kept ids),
@@ -194,7 +196,8 @@ def prepare_prompts(
 
     chat = _chat_enabled(config, tokenizer)
     prepend_bos = not chat and prompts_lib.tokenizer_adds_bos(tokenizer)
-    passthrough = ([config.answer_column] if config.answer_column else []) + list(config.extra_columns)
+    # Every column reaches the rewards under its own name (the generated ones replace a namesake).
+    passthrough = [c for c in dataset.column_names if c not in (PROMPT_TEXT, PROMPT_IDS, PROMPT_USER)]
     max_length, policy = config.max_prompt_length, config.max_prompt_length_policy
     bos_id = tokenizer.bos_token_id
 

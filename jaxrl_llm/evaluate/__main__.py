@@ -81,7 +81,7 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
             ckpt.close()
     evaluator = evaluate.Evaluator(c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id,
                                    evaluate.load_eval_data(c, tokenizer))
-    metrics, samples = evaluator(params)
+    metrics, samples = evaluator(params, step=step if source == "checkpoint" else 0)
     return metrics, samples, step if source == "checkpoint" else None, evaluator.num_prompts
 
 

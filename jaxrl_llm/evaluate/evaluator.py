@@ -25,11 +25,11 @@ from jaxrl_llm import distributed as dist
 from jaxrl_llm import sharding
 from jaxrl_llm.data import bucket_length, left_pad
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
-from jaxrl_llm.rewards import compute_rewards
+from jaxrl_llm.rewards import TrainerState, check_reward_parameters, compute_rewards, generation_fields
 from jaxrl_llm.sampling import generate
 
 EVAL_STREAM = 0x6576616C  # "eval": the evaluation's random numbers, apart from every training stream
-_NOT_COLUMNS = ("prompt_user", "prompt_ids", "prompt_text")
+_NOT_COLUMNS = ("prompt_user", "prompt_ids")  # every other column reaches the rewards, as in training
 
 
 def eval_samples(c) -> int:
@@ -99,6 +99,7 @@ class Evaluator:
     def __init__(self, c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id, dataset):
         self.c, self.mc, self.mesh, self.tokenizer = c, mc, mesh, tokenizer
         self.reward_fns, self.eos_ids, self.pad_id = reward_fns, tuple(eos_ids), pad_id
+        check_reward_parameters(reward_fns, [col for col in dataset.column_names if col not in _NOT_COLUMNS])
         self.rows = dataset.with_format(None)[:]  # column -> list, read once
         self.num_prompts = len(dataset)
         self.k = eval_samples(c)
@@ -111,11 +112,12 @@ class Evaluator:
         self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
 
-    def __call__(self, params) -> tuple[dict[str, float], list[dict]]:
+    def __call__(self, params, step: int = 0) -> tuple[dict[str, float], list[dict]]:
+        """`step`: the training step the parameters are from (rewards see it as trainer_state.global_step)."""
         t0 = time.perf_counter()
         stats, samples = [], []
         for i, start in enumerate(range(0, self.num_prompts, self.batch)):
-            s, rows = self._batch(params, i, start)
+            s, rows = self._batch(params, i, start, step)
             stats.append(dist.allgather_rows(s))
             samples += rows
         s = np.concatenate(stats)
@@ -125,7 +127,7 @@ class Evaluator:
         m["eval/time_s"] = time.perf_counter() - t0
         return m, samples
 
-    def _batch(self, params, i: int, start: int):
+    def _batch(self, params, i: int, start: int, step: int):
         """Samples and scores global batch i (prompts start.. of the held-out list): per-prompt stats
         (valid, correct, mean score, vote correct, level) of this process's prompts, and its rows."""
         c, k, B = self.c, self.k, self.batch
@@ -146,8 +148,8 @@ class Evaluator:
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)
         prompts = [p for p in batch["prompt_user"] for _ in range(k)]
         columns = {col: [v for v in vals for _ in range(k)] for col, vals in batch.items() if col not in _NOT_COLUMNS}
-        columns.update(completion_lengths=lengths.tolist(), truncated=truncated.tolist(),
-                       max_completion_length=c.rollout.max_new_tokens)
+        columns.update(generation_fields(out, lengths, truncated, c.rollout.max_new_tokens,
+                                         TrainerState(step, c.total_steps)))
         scores, _ = compute_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
         correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
         votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]

@@ -1,6 +1,7 @@
 """Rewards: the registry, the weighted combination and the built-in reward functions.
 
-A reward is `fn(prompts, completions, **columns) -> list[float | None]`; see `registry` for the
+A reward is a function returning one `float | None` per row, called by keyword with the inputs it
+declares (`prompts`, `completions`, trainer fields, dataset columns; `calling`); see `registry` for the
 contract and docs/rewards.md for a guide. Importing this package registers the built-ins:
 `math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, and `digit_puzzles` (the reward of
 the built-in task, `jaxrl_llm.rewards.tasks`); `reward_model` (a learned
@@ -16,6 +17,7 @@ from jaxrl_llm.rewards.code import (
     run_sandboxed,
     sandbox_layers,
 )
+from jaxrl_llm.rewards.calling import TRAINER_FIELDS, TrainerState, check_reward_parameters, generation_fields
 from jaxrl_llm.rewards.format import DEFAULT_FORMAT_PATTERN, format_reward
 from jaxrl_llm.rewards.math import (
     extract_answer,
@@ -57,6 +59,10 @@ def __getattr__(name: str):
 
 __all__ = [
     "RewardModel",
+    "TRAINER_FIELDS",
+    "TrainerState",
+    "check_reward_parameters",
+    "generation_fields",
     "DEFAULT_FORMAT_PATTERN",
     "RewardError",
     "RewardFn",

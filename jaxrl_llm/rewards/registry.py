@@ -1,14 +1,12 @@
 """Reward registry, spec resolution and the weighted combination of reward functions.
 
-A reward function has the TRL-style signature
-
-    fn(prompts: list[str], completions: list[str], **columns) -> Sequence[float | None]   # (N,)
-
-where `columns` holds the dataset row's other fields as lists aligned with the rows (e.g.
-`answer=[...]`) plus the trainer-provided fields `completion_lengths` (list[int], generated tokens
-including EOS), `truncated` (list[bool]) and the scalar `max_completion_length` (int). Reward
-functions accept and ignore columns they do not use (`**kwargs`). `None` means "not applicable".
-A function may return a `RewardScores` (a list with a `metrics` dict) to report extra metrics.
+A reward function returns one value per row, `Sequence[float | None]` of length N, and is called by
+keyword with the parameters it declares (TRL's convention, `rewards/calling.py`): `prompts`,
+`completions`, the trainer's fields (`completion_ids`, `completion_lengths`, `truncated`,
+`max_completion_length`, `prompt_text`, `trainer_state`) and every dataset column by its name, lists
+aligned with the rows; `**kwargs` receives them all. The positional style `fn(prompts, completions,
+**columns)` keeps working. `None` means "not applicable". A function may return a `RewardScores` (a list
+with a `metrics` dict) to report extra metrics.
 
 `compute_rewards` calls every function once on the whole batch and combines them:
 score_i = Σ_f w_f · r_f,i over the functions whose value on row i is not None.
@@ -17,6 +15,7 @@ score_i = Σ_f w_f · r_f,i over the functions whose value on row i is not None.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import math
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm.rewards.calling import call_reward
 from jaxrl_llm.rewards.returns import RewardError, RewardScores, extra_metrics, to_values  # noqa: F401 (re-exported)
 
 RewardFn = Callable[..., Sequence[Any]]
@@ -74,7 +74,7 @@ def get_reward_fn(spec: str | Callable[..., Any], **kwargs: Any) -> tuple[str, R
       an import path `package.module:function` (the attribute may be dotted, `module:obj.attr`), or
       the reward function (or factory) itself.
     kwargs: configuration. A factory is called with them; a plain reward function gets them bound as
-      keyword arguments. Either way they must name parameters the target declares.
+      keyword arguments (functools.partial). Either way they must name parameters the target declares.
     The name is the registry name, the attribute part of an import path, or the callable's __name__.
     """
     if callable(spec) and not isinstance(spec, str):
@@ -153,8 +153,9 @@ def score_rewards(
 
     reward_fns: (name, fn, weight) triples; names must be unique (they key the metrics).
     prompts, completions: N strings each.
-    columns: extra keyword arguments for every fn. Sequences (list, tuple, 1-D array) must have N
-      entries and are row-aligned; scalars (e.g. `max_completion_length`) are passed unchanged.
+    columns: the other inputs by name (dataset columns, trainer fields); each fn receives those it
+      declares (all of them with **kwargs; rewards/calling.py). Sequences (list, tuple, 1-D array) must
+      have N entries and are row-aligned; scalars (e.g. `max_completion_length`) are passed unchanged.
     on_error: 'raise' -> a fn that raises is re-run row by row and the error names the fn and the
       first failing row; 'zero' -> the failing rows score 0 and are counted in `reward/<name>/errors`.
       Invalid returns (wrong length, non-numeric, NaN/inf, float32 overflow) always raise: they are
@@ -207,7 +208,7 @@ def _evaluate(name, fn, prompts, completions, columns, on_error):
     process steps per row."""
     n = len(prompts)
     try:
-        out = fn(prompts, completions, **columns)
+        out = call_reward(fn, prompts, completions, columns)
     except Exception as batch_error:  # noqa: BLE001 - any user error is reported with its row
         values, present, errors, steps = _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_error)
         return values, present, errors, {}, steps
@@ -225,7 +226,7 @@ def _evaluate_rows(name, fn, prompts, completions, columns, on_error, batch_erro
     for i in range(n):
         row_columns = {k: (v[i : i + 1] if _is_sequence(v) else v) for k, v in columns.items()}
         try:
-            out = fn(prompts[i : i + 1], completions[i : i + 1], **row_columns)
+            out = call_reward(fn, prompts[i : i + 1], completions[i : i + 1], row_columns)
         except Exception as row_error:  # noqa: BLE001
             if on_error == "raise":
                 raise RewardError(
@@ -308,14 +309,10 @@ def _check_kwargs(name: str, obj: Callable[..., Any], kwargs: Mapping[str, Any])
 
 
 def _bind(fn: Callable[..., Any], config: Mapping[str, Any]) -> RewardFn:
-    config = dict(config)
-
-    def bound(prompts, completions, **columns):
-        return fn(prompts, completions, **{**columns, **config})
-
+    # A partial keeps the function's signature (less the bound options), which decides how it is called.
+    bound = functools.partial(fn, **config)
     bound.__name__ = getattr(fn, "__name__", "reward")
     bound.__doc__ = fn.__doc__
-    bound.__wrapped__ = fn
     return bound
 
 

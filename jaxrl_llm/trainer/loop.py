@@ -7,7 +7,8 @@
              state-donating update -> metrics, samples, checkpoint
   eval       with eval.every_steps: held-out pass@k before the first step (its own row, step 0, in the
              metric files; `initial_eval`), then every k steps and at the end, in that step's row
-  end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker
+  end        final checkpoint, Hugging Face export with the tokenizer, PNG of the curves, DONE marker, the
+             summary printed (trainer/feedback.py)
   signal     SIGTERM / SIGINT / JAX's preemption notice: the step finishes, a checkpoint of it is
              committed, `Preempted` is raised (jaxrl_llm/preemption.py)
 
@@ -17,7 +18,6 @@ P prompt tokens (left-padded), T completion tokens (right-padded).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import logging
@@ -40,11 +40,12 @@ from jaxrl_llm.models import save_hf
 from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
-from jaxrl_llm.trainer import report, setup
+from jaxrl_llm.rewards import check_reward_parameters
+from jaxrl_llm.trainer import feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
-from jaxrl_llm.trainer.workdir import prepare_workdir, write_run_files
+from jaxrl_llm.trainer.workdir import prepare_workdir, undo_on_failure, write_run_files
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class Trainer:
     config: a ConfigDict (`jaxrl_llm.base_config()` or a config file's) or a dict of fields (nested, or
       dotted keys such as "rollout.group_size"); validated once, with unknown fields refused.
     workdir: a local path or a URL that etils.epath and Orbax read (gs://...).
-    rewards: reward functions replacing `reward.functions`: callables `fn(prompts, completions,
-      **columns)`, registry names or "module:function" paths, each optionally as (reward, weight).
+    rewards: reward functions replacing `reward.functions`: callables (called by keyword with the
+      inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names or
+      "module:function" paths, each optionally as (reward, weight).
     dataset: prompt rows replacing `data.path`/`data.task`: a `datasets.Dataset` or a list of dicts with
       the configured prompt (and answer) columns.
     devices: those of the mesh, all of `jax.devices()` by default.
@@ -64,16 +66,25 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict | Mapping[str, Any], workdir: str, *,
                  rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
+        t0 = time.perf_counter()
         c, callables, rows = _with_python_inputs(config, rewards, dataset)
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
         setup.check_batch_fits(c, self.mesh)
+        with undo_on_failure(workdir, close=self._close_sinks):  # a failed start leaves the workdir as it was
+            self._setup(callables, rows)
+        self.setup_s = time.perf_counter() - t0
+
+    def _setup(self, callables, rows) -> None:
+        """Everything that reads or writes the workdir: models, rewards, data, checkpoint, metric sinks."""
+        c, workdir = self.c, self.workdir
         wd = prepare_workdir(workdir, c)
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        check_reward_parameters(self.reward_fns, setup.reward_columns(dataset))
         eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
         self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)
@@ -89,6 +100,13 @@ class Trainer:
                                                 resume_step=self.start_step)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
+
+    def _close_sinks(self) -> None:
+        """Closes what a failed start may have opened in the workdir, before it is cleaned."""
+        if getattr(self, "writer", None) is not None:
+            self.writer.close()
+        if getattr(self, "ckpt", None) is not None:
+            self.ckpt.close()
 
     def _init_state(self, model_path: str) -> None:
         """Policy, reference and value parameters on the mesh, and the train state holding them."""
@@ -132,7 +150,7 @@ class Trainer:
         t_step = time.perf_counter()
         faults.point("step", state.step)  # read only under fault injection: no host sync otherwise
         rng, sample_key, shuffle_key = jax.random.split(state.rng, 3)
-        local, first, info = self.rollouts.collect(state.params, sample_key)
+        local, first, info = self.rollouts.collect(state.params, sample_key, int(state.step))
         b = self.rollouts.device_batch(local)
 
         t_upd = time.perf_counter()
@@ -163,11 +181,12 @@ class Trainer:
 
         m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs)
         m.update(report.rollout_metrics(first, info, c.rollout.group_size, c.dapo.dynamic_sampling))
+        m.update(report.data_metrics(self.data, self.data_stats))
         P = local["prompt_tokens"].shape[1]
         m.update(report.perf_metrics(c, info, P, time.perf_counter() - t_step, update_s,
                                      report.step_flops(c, self.mc, P, self.uses_ref), self._peak))
         m["step"] = float(state.step)
-        return state, m, report.samples(info, first, c.log.num_samples)
+        return state, m, report.samples(info, first, c.log.num_samples, c.rollout.group_size)
 
     @functools.cached_property
     def _peak(self) -> float:
@@ -181,46 +200,46 @@ class Trainer:
     def run(self) -> list[dict]:
         """Trains from the restored step to total_steps; returns this run's metrics rows."""
         c = self.c
+        t0 = time.perf_counter()
         state, history = self.state, []
-        progress = contextlib.nullcontext()
-        if c.log.progress and dist.is_main():
-            from tqdm import tqdm
-            progress = tqdm(total=c.total_steps, initial=self.start_step, desc=f"{c.algo}", dynamic_ncols=True)
+        progress = feedback.Progress(c.total_steps, self.start_step, c.algo, enabled=c.log.progress and dist.is_main())
         if self.evaluator is not None and self.start_step == 0:
             # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
             # one row per training step.
-            self.initial_eval = self.evaluator(state.params)[0]
+            self.initial_eval = self.evaluator(state.params, step=0)[0]
             self.writer.write(0, self.initial_eval)
         # SIGTERM / SIGINT / JAX's preemption notice: the step in progress finishes, then a checkpoint
         # of it is committed and Preempted raised (jaxrl_llm/preemption.py). After the last step a signal
         # waits for the final checkpoint and export. The previous handlers are back on exit.
         with StopSignals() as stop:
-            with progress as bar:
+            try:
                 for step in range(self.start_step, c.total_steps):
                     state, m, samples = self.train_step(state)
                     if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
                                                        or step + 1 == c.total_steps):
-                        m.update(self.evaluator(state.params)[0])
+                        m.update(self.evaluator(state.params, step=step + 1)[0])
                     self.writer.write(step + 1, m)
                     if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
                         self.writer.write_samples(step + 1, samples)
                     history.append(m)
-                    if bar is not None and hasattr(bar, "update"):
-                        bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/ref', 0):.4f}",
-                                        tok_s=f"{m['perf/sample_tokens_per_s']:.0f}", refresh=False)
-                        bar.update(1)
+                    progress.update(m)
                     self._check_finite(state, step)
                     if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
                         self.save(state)
                     reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
                     if reason and step + 1 < c.total_steps:
                         self._stop(state, reason)
+            finally:
+                progress.close()
             self.state = state
             if self.ckpt.latest_step() != int(state.step):
                 self.save(state, force=True)
             self.ckpt.wait()
             self.writer.flush()
             self.finish()
+        if dist.is_main():
+            print(feedback.summary(c, self.workdir, history, int(state.step), self.initial_eval, self.setup_s,
+                                   time.perf_counter() - t0), flush=True)
         return history
 
     def _stop(self, state, reason: str) -> None:

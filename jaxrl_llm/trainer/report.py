@@ -47,6 +47,16 @@ def rollout_metrics(first: dict, info: dict, G: int, dynamic_sampling: bool) -> 
     return m
 
 
+def data_metrics(data, stats: dict[str, int]) -> dict[str, float]:
+    """Where the run is in its prompts, after this step's batches: `data/epoch` (epochs served, fractional),
+    `data/rows_seen` (prompt rows drawn so far, DAPO's extra rounds included), `data/rows_skipped_per_epoch`
+    (the remainder of each epoch that no full batch takes), and the dataset's counts from loading
+    (`data/rows_loaded`, `data/rows`, `data/dropped_too_long`, `data/truncated`, `data/prompt_length_max`)."""
+    return {"data/epoch": data.rows_served / data.rows_per_epoch, "data/rows_seen": float(data.rows_served),
+            "data/rows_skipped_per_epoch": float(stats["data/rows"] - data.rows_per_epoch),
+            **{k: float(v) for k, v in stats.items()}}
+
+
 def perf_metrics(c, info: dict, P: int, step_s: float, update_s: float, flops: float, peak: float) -> dict[str, float]:
     """Throughput of the step: sampled tokens/s, update tokens/s, model FLOPs utilization."""
     N = c.rollout.batch_prompts * c.rollout.group_size
@@ -68,7 +78,24 @@ def step_flops(c, mc, P: int, uses_ref: bool) -> float:
     return sample + forwards + train
 
 
-def samples(info: dict, first: dict, n: int) -> list[dict]:
-    """The first `n` (prompt, completion, reward) triples of the step, for samples.jsonl."""
-    return [{"prompt": info["prompts"][i], "completion": info["completions"][i], "reward": float(first["scores"][i])}
-            for i in range(min(n, len(info["prompts"])))]
+def sample_rows(num_rows: int, G: int, n: int) -> list[int]:
+    """Which `n` of the step's rows to log: the first completion of each prompt, then the second, ... so
+    that the samples cover min(n, B) prompts rather than one prompt's group (rows b*G + g)."""
+    B = num_rows // G
+    return [b * G + g for g in range(G) for b in range(B)][:n]
+
+
+def samples(info: dict, first: dict, n: int, G: int) -> list[dict]:
+    """`n` rows of the step's first sampling round for samples.jsonl, from several prompts: prompt,
+    completion, the reference answer (with an answer column), the total reward and each reward
+    function's weighted part of it (which sum to the total)."""
+    components, references = info["rewards"].components, info["references"]
+    out = []
+    for i in sample_rows(len(info["prompts"]), G, n):
+        row = {"prompt": info["prompts"][i], "completion": info["completions"][i]}
+        if references is not None:
+            row["reference"] = references[i]
+        row["reward"] = float(first["scores"][i])
+        row["rewards"] = {name: float(v[i]) for name, v in components.items()}
+        out.append(row)
+    return out

@@ -14,7 +14,7 @@ import numpy as np
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch
-from jaxrl_llm.rewards import score_rewards
+from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate
 
 _PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # indexed by prompt; every other key by row
@@ -35,9 +35,10 @@ class Rollouts:
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
 
-    def sample_round(self, params, key):
-        """One batch of prompts sampled and scored: (this host's rows as NumPy, prompts, completions,
-        reward metrics)."""
+    def sample_round(self, params, key, step: int = 0):
+        """One batch of prompts sampled and scored at training step `step`: (this host's rows as NumPy,
+        its texts and rewards: a dict of prompts, completions, references (the answer column or None) and
+        the RewardBatch)."""
         c = self.c
         batch = next(self.data)
         tokens, pmask = pad_prompt_batch(batch, c.data.max_prompt_length, self.pad_id)
@@ -51,7 +52,7 @@ class Rollouts:
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
-        prompts, completions, columns = self._texts(batch, local)
+        prompts, completions, columns = self._texts(batch, local, step)
         rewards = score_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
         local["scores"] = rewards.scores
         local["filter_scores"] = self._filter_scores(rewards)
@@ -59,7 +60,10 @@ class Rollouts:
         if self.process:
             local["process_rewards"], local["process_mask"] = process_arrays(rewards.steps, local["lengths"],
                                                                               local["mask"].shape[1])
-        return local, prompts, completions, rewards.metrics
+        answer = c.data.answer_column
+        scored = {"prompts": prompts, "completions": completions, "rewards": rewards,
+                  "references": columns.get(answer) if answer else None}
+        return local, scored
 
     def _filter_scores(self, rewards):
         """What DAPO's dynamic sampling compares within a group (`dapo.filter_on`): by default the
@@ -72,8 +76,9 @@ class Rollouts:
         judged = [v for name, v in rewards.components.items() if name not in LENGTH_SHAPING]
         return np.sum(judged, axis=0).astype(np.float32) if judged else rewards.scores
 
-    def _texts(self, batch, local):
-        """(prompts, completions, columns) of every row, as the reward functions receive them."""
+    def _texts(self, batch, local, step: int):
+        """(prompts, completions, columns) of every row, as the reward functions receive them: every
+        dataset column repeated over its group, and the trainer fields."""
         G = self.c.rollout.group_size
         ends = local["lengths"] - (~local["truncated"]).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
@@ -83,26 +88,27 @@ class Rollouts:
         prompts = [p for p in batch["prompt_user"] for _ in range(G)]
         skip = {"prompt_user", "prompt_ids", "global_max_prompt_length"}
         columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.items() if k not in skip}
-        columns.update(completion_lengths=local["lengths"].tolist(), truncated=local["truncated"].tolist(),
-                       max_completion_length=self.c.rollout.max_new_tokens)
+        columns.update(generation_fields(local["tokens"], local["lengths"], local["truncated"],
+                                         self.c.rollout.max_new_tokens, TrainerState(step, self.c.total_steps)))
         return prompts, completions, columns
 
-    def collect(self, params, key):
-        """One batch of B prompts x G completions (with DAPO's dynamic sampling when enabled).
+    def collect(self, params, key, step: int = 0):
+        """One batch of B prompts x G completions (with DAPO's dynamic sampling when enabled), at training
+        step `step` (what rewards see as trainer_state.global_step).
 
         Returns (rows for the update, the first round's rows (what metrics describe), info)."""
         c = self.c
         G, B_local = c.rollout.group_size, c.rollout.batch_prompts // jax.process_count()
         t0 = time.perf_counter()
-        local, prompts, completions, reward_metrics = self.sample_round(params, jax.random.fold_in(key, 0))
+        local, scored = self.sample_round(params, jax.random.fold_in(key, 0), step)
         first = dict(local)
         gen_tokens = local["lengths"].sum()
-        info = {"prompts": prompts, "completions": completions, "reward_metrics": reward_metrics, "rounds": 1}
+        info = {**scored, "reward_metrics": scored["rewards"].metrics, "rounds": 1}
         if c.dapo.dynamic_sampling:
             kept, spare = split_groups(local, G)
             rounds = 1
             while dist.allgather_rows(np.array([len(kept) < B_local])).any() and rounds < c.dapo.max_sample_rounds:
-                more, _, _, _ = self.sample_round(params, jax.random.fold_in(key, rounds))
+                more, _ = self.sample_round(params, jax.random.fold_in(key, rounds), step)
                 gen_tokens += more["lengths"].sum()
                 k2, s2 = split_groups(more, G)
                 kept, spare, rounds = kept + k2, spare + s2, rounds + 1

@@ -5,9 +5,11 @@ refused (or, with `force_new`, the old run is moved aside to `<workdir>/replaced
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 
 import ml_collections
 from etils import epath
@@ -32,6 +34,40 @@ def prepare_workdir(workdir: str, c: ml_collections.ConfigDict) -> epath.Path:
         raise PermissionError(f"workdir {workdir} is not writable")
     check_workdir(workdir, c)
     return wd
+
+
+@contextlib.contextmanager
+def undo_on_failure(workdir: str, close: Callable[[], None] = lambda: None):
+    """A start that fails (a bad model, dataset, reward...) leaves `workdir` as it found it: created by
+    this start, it is removed; otherwise what the start added is removed and a run that `force_new` moved
+    aside to replaced-<time>/ is moved back. `close` runs first (open files of the metric writers...)."""
+    wd = epath.Path(workdir)
+    before = {e.name for e in wd.iterdir()} if wd.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            close()
+        if dist.is_main():
+            _restore(wd, before)
+        raise
+
+
+def _restore(wd: epath.Path, before: set[str] | None) -> None:
+    if not wd.exists():
+        return
+    if before is None:
+        wd.rmtree()
+        return
+    aside = [e for e in wd.iterdir() if e.name.startswith("replaced-") and e.name not in before]
+    for entry in wd.iterdir():
+        # Everything but earlier replaced-* directories is this start's once the old run was moved aside.
+        if entry not in aside and (entry.name not in before or (aside and not entry.name.startswith("replaced-"))):
+            entry.rmtree() if entry.is_dir() else entry.unlink()
+    for directory in aside:
+        for entry in directory.iterdir():
+            entry.rename(wd / entry.name)
+        directory.rmtree()
 
 
 def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:

@@ -62,6 +62,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
     remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): memory vs recompute in backward
     logits_chunk: int = 128  # sequence chunk of token_logprobs: (B, chunk, V) is the largest logits block
+    attention: str = "auto"  # auto | xla | blockwise | cudnn | splash: multi-token attention (models/kernels.py)
 
     @property
     def kv_groups(self) -> int:

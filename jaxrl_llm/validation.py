@@ -94,7 +94,7 @@ def _validate_model_and_data(c) -> None:
     if c.model.attention == "cudnn" and {c.model.compute_dtype, c.rollout.compute_dtype} - {"", "bfloat16", "float16"}:
         _fail("model.attention", "auto, xla or blockwise with a float32 model.compute_dtype or "
               "rollout.compute_dtype (cuDNN attention runs bfloat16/float16 only)", c.model.attention)
-    for f in ("model.logits_chunk", "model.hidden_size", "model.num_layers", "model.num_heads",
+    for f in ("model.logits_chunk", "model.attention_block", "model.hidden_size", "model.num_layers", "model.num_heads",
               "model.num_kv_heads", "model.intermediate_size", "model.max_position_embeddings"):
         _check(c, f, lambda v: _is_int(v) and v >= 1, "a positive int")
     if c.model.num_heads % c.model.num_kv_heads or c.model.hidden_size % c.model.num_heads:

@@ -63,6 +63,7 @@ class ModelConfig:
     remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): memory vs recompute in backward
     logits_chunk: int = 128  # sequence chunk of token_logprobs: (B, chunk, V) is the largest logits block
     attention: str = "auto"  # auto | xla | blockwise | cudnn | splash: multi-token attention (models/kernels.py)
+    attention_block: int = 256  # blockwise attention's query and key tile (tokens)
 
     @property
     def kv_groups(self) -> int:

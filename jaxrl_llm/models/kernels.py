@@ -63,15 +63,16 @@ def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: in
     return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla"
 
 
-def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None):
-    """Attention by the implementation `name` (config.model.attention), resolved at trace time."""
+def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256):
+    """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
+    is blockwise's query and key tile (config.model.attention_block)."""
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None)
     if impl == "xla":
         return dense_attend(q, k, v, dense_mask(key_mask, segment_ids), prefix)
     if impl == "blockwise":
-        return blockwise_attend(q, k, v, key_mask, segment_ids, prefix)
+        return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block)
     if impl == "cudnn":
         return cudnn_attend(q, k, v, key_mask, segment_ids, prefix)
     from jaxrl_llm.models.splash import splash_attend  # TPU-only module: imported where it runs

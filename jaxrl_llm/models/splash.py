@@ -26,9 +26,9 @@ def _kernel(heads: int, length: int, interpret: bool):
     """The splash kernel of one causal (length x length) mask, for `heads` query heads (built once)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-    block = min(BLOCK, length)
-    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    b = BLOCK
+    sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
+                          block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
     mask = sm.MultiHeadMask([sm.CausalMask((length, length)) for _ in range(heads)])
     return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret), sk
 
@@ -40,7 +40,7 @@ def splash_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, interpret
     if prefix is not None:
         q, k, v, key_mask, p = inline_prefix(q, k, v, key_mask, segment_ids, prefix)
     n, s, h, hd = q.shape
-    length = -(-s // BLOCK) * BLOCK if s > BLOCK else s
+    length = -(-s // BLOCK) * BLOCK  # the kernel's tiles must divide T (and be multiples of 128 lanes)
     key_mask = key_mask.astype(bool)
     seg = jnp.zeros((n, s), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
     seg = jnp.pad(jnp.where(key_mask, seg + 1, 0), ((0, 0), (0, length - s)))

@@ -173,7 +173,7 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
-        a = attend(c.attention, q, k, v, mask, segment_ids, prefix)
+        a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block)
         x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)

@@ -67,7 +67,8 @@ def builtin_model_config(c: ml_collections.ConfigDict, tokenizer) -> ModelConfig
                        max_position_embeddings=m.max_position_embeddings, tie_word_embeddings=True,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=(tokenizer.eos_token_id,),
                        pad_token_id=tokenizer.pad_token_id, param_dtype=m.dtype, dtype=m.compute_dtype,
-                       remat=m.remat, logits_chunk=m.logits_chunk, attention=m.attention)
+                       remat=m.remat, logits_chunk=m.logits_chunk, attention=m.attention,
+                       attention_block=m.attention_block)
 
 
 def load_model_config(c: ml_collections.ConfigDict):
@@ -78,7 +79,7 @@ def load_model_config(c: ml_collections.ConfigDict):
     if model_path:
         mc = read_hf_config(model_path, param_dtype=c.model.dtype, dtype=c.model.compute_dtype,
                             remat=c.model.remat, logits_chunk=c.model.logits_chunk,
-                            attention=c.model.attention)
+                            attention=c.model.attention, attention_block=c.model.attention_block)
     else:
         mc = builtin_model_config(c, tokenizer)
     eos_ids = eos_ids_of(model_path, tokenizer, mc)
@@ -110,7 +111,7 @@ def load_params(c, mc: ModelConfig, model_path: str, mesh, init_rng):
     if model_path:
         _, params = load_hf(model_path, jnp.dtype(c.model.dtype), compute_dtype=c.model.compute_dtype,
                             shardings=shardings, remat=c.model.remat, logits_chunk=c.model.logits_chunk,
-                            attention=c.model.attention)
+                            attention=c.model.attention, attention_block=c.model.attention_block)
     else:
         params = jax.jit(lambda k: init_params(mc, k), out_shardings=shardings)(init_rng)
     return params, shardings

@@ -246,3 +246,23 @@ def test_run_config_checks_model_attention():
                                                      "model.compute_dtype": "bfloat16"}))
         with pytest.raises(ValueError, match="config.model.attention='cudnn' needs a GPU"):
             setup.load_model_config(c)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on a GPU only")
+@pytest.mark.parametrize("prefix", [False, True])
+def test_cudnn_on_gpu_equals_blockwise(prefix):
+    """The real cuDNN kernel (bfloat16) against blockwise on the same inputs: outputs and gradients on the
+    real queries, within bfloat16 rounding."""
+    q, k, v, w = (x.astype(jnp.bfloat16) for x in _qkv(8, s=64))
+    mask = jnp.asarray(np.arange(64)[None] >= np.array([[0], [5], [63], [20]]))
+    pre = tuple(x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in _prefix()) if prefix else None
+    real = np.asarray(mask)[..., None, None]
+    w = w * real
+    fns = {name: (lambda q, k, v, name=name: kernels.attend(name, q, k, v, mask, None, pre, block=16))
+           for name in ("cudnn", "blockwise")}
+    outs = {n: np.where(real, np.asarray(f(q, k, v), np.float32), 0) for n, f in fns.items()}
+    np.testing.assert_allclose(outs["cudnn"], outs["blockwise"], atol=3e-2)
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))
+    grads = {n: jax.grad(loss(f), (0, 1, 2))(q, k, v) for n, f in fns.items()}
+    for a, b in zip(grads["cudnn"], grads["blockwise"]):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=6e-2)

@@ -11,6 +11,13 @@ from jaxrl_llm.models.attention import EMPTY_LSE, blockwise_attend, flash_attent
 from jaxrl_llm.models.kernels import (ATTENTION_IMPLS, check_attention, cudnn_attend, dense_attend, dense_mask,
                                       resolve_attention)
 
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+    """float32 comparisons at 1e-5 on any backend (GPUs default to TF32 matmuls)."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
 N, S, H, KV, HD = 4, 13, 4, 2, 8  # GQA: 2 query heads per key/value head; 13 tokens: no block size divides it
 
 

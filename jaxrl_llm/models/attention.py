@@ -72,8 +72,10 @@ def _layout(q, k, v, q_seg, kv_seg, bq, bk):
 
 
 def _blocks(q, k, block_q, block_k):
-    """Block sizes clamped to the sequence (a block larger than T is T) and the block counts."""
-    bq, bk = max(1, min(block_q, q.shape[1])), max(1, min(block_k, k.shape[1]))
+    """(bq, bk, nq, nk): the fewest blocks of at most block_q / block_k tokens, all of one size, so that the
+    padding of the last one is < the block count (384 tokens by 256: two blocks of 192, not 2 x 256)."""
+    even = lambda t, b: -(-t // -(-t // max(1, b)))
+    bq, bk = even(q.shape[1], block_q), even(k.shape[1], block_k)
     return bq, bk, -(-q.shape[1] // bq), -(-k.shape[1] // bk)
 
 

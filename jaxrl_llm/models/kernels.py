@@ -27,7 +27,7 @@ ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 _BACKEND_OF = {"cudnn": ("gpu", "a GPU (cuDNN)"), "splash": ("tpu", "a TPU (Pallas splash attention)")}
 # On CPU, blockwise beats the dense path from this many keys per query (self tokens + prefix) on:
 # benchmarks/attention.py on the 2-core development machine (docs/attention.md).
-CPU_BLOCKWISE_MIN_KEYS = 1024
+CPU_BLOCKWISE_MIN_KEYS = 384
 _NEG = float(np.finfo(np.float32).min)
 
 
@@ -150,11 +150,15 @@ def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementa
     p = 0
     if prefix is not None:
         q, k, v, key_mask, p = inline_prefix(q, k, v, key_mask, segment_ids, prefix)
+    s = q.shape[1]
+    if s % 2:  # cuDNN's backward takes even lengths only: one masked token more
+        q, k, v, key_mask = (jnp.pad(x, ((0, 0), (0, 1)) + ((0, 0),) * (x.ndim - 2)) for x in (q, k, v, key_mask))
+        segment_ids = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (0, 1)))
     key_mask = key_mask.astype(bool)
     if segment_ids is not None:
         mask = dense_mask(key_mask, segment_ids)
         out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
-        return jnp.where(jnp.any(mask, axis=-1)[..., None, None], out, 0).astype(q.dtype)
+        return jnp.where(jnp.any(mask, axis=-1)[..., None, None], out, 0).astype(q.dtype)[:, :s]
     order = jnp.argsort(~key_mask, axis=1, stable=True)  # real tokens first, in their order
     lengths = jnp.sum(key_mask, axis=1, dtype=jnp.int32)
     gather = lambda x, idx: jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
@@ -162,4 +166,4 @@ def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementa
                                        query_seq_lengths=lengths, key_value_seq_lengths=lengths,
                                        implementation=implementation)
     out = gather(out, jnp.argsort(order, axis=1))
-    return jnp.where(key_mask[:, :, None, None], out, 0).astype(q.dtype)[:, p:]
+    return jnp.where(key_mask[:, :, None, None], out, 0).astype(q.dtype)[:, p:s]

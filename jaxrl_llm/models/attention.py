@@ -1,7 +1,7 @@
 """Blockwise (flash-style) attention in pure JAX: no (rows, heads, T, T) array, forward or backward.
 
 Shapes: N rows, S query tokens, K keys, H query heads, Hkv key/value heads, R = H/Hkv (GQA: query head
-h = kv_head*R + r, as in transformer.attend), hd head dim; B prompts with N = B*G (the shared prefix).
+h = kv_head*R + r, as in kernels.dense_attend), hd head dim; B prompts with N = B*G (the shared prefix).
 
 The scores exist one (N, Hkv, block_q, R, block_k) float32 tile at a time. The forward keeps an online
 softmax over key blocks (running max, sum and float32 accumulator) and saves only the output and the
@@ -195,7 +195,7 @@ def merge(out_a, lse_a, out_b, lse_b):
 def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_q=DEFAULT_BLOCK_Q,
                      block_k=DEFAULT_BLOCK_K):
     """Causal self-attention among the S tokens [+ a shared prompt prefix], blockwise. Same contract as
-    transformer.attend, with the mask given by its parts instead of a dense (N,S,S) array.
+    kernels.dense_attend, with the mask given by its parts instead of a dense (N,S,S) array.
 
     q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool: the real tokens; segment_ids None or (N,S) int
     >= 0 (a query sees only keys of its own segment). prefix: None or (pk, pv, pmask), pk/pv (B,P,Hkv,hd),
@@ -209,7 +209,7 @@ def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_
     if prefix is None:
         return out
     pk, pv, pmask = prefix
-    b, p = pk.shape[:2]
+    b = pk.shape[0]
     qg = q.reshape(b, (n // b) * s, h, hd)
     p_out, p_lse = flash_attention(qg, pk, pv, jnp.zeros(qg.shape[:2], jnp.int32),
                                    jnp.where(pmask.astype(bool), 0, -1), False, block_q, block_k)

@@ -43,6 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
     c.model.remat = "none"  # "none" | "full" | "dots": recompute layers in backward to save memory
     c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block
+    c.model.attention = "auto"  # auto | xla | blockwise | cudnn (GPU) | splash (TPU); docs/attention.md
+    c.model.attention_block = 256  # blockwise attention's query and key tile, in tokens
     c.model.hidden_size = 64  # built-in model only (model.path == "") ...
     c.model.num_layers = 2
     c.model.num_heads = 4

@@ -16,6 +16,9 @@ from jaxrl_llm.data.config import validate_data_config
 from jaxrl_llm.presets import ALGOS
 
 FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
+# model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
+# holds the two equal). Whether the backend has the kernel is checked at setup (trainer/setup.py).
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 
 def get_path(c, path: str):
@@ -87,7 +90,11 @@ def _validate_model_and_data(c) -> None:
     for f in ("model.dtype", "model.compute_dtype"):
         _check(c, f, lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
     _check(c, "model.remat", lambda v: v in ("none", "full", "dots"), "none, full or dots")
-    for f in ("model.logits_chunk", "model.hidden_size", "model.num_layers", "model.num_heads",
+    _check_choice(c, "model.attention", ATTENTION_IMPLS)
+    if c.model.attention == "cudnn" and {c.model.compute_dtype, c.rollout.compute_dtype} - {"", "bfloat16", "float16"}:
+        _fail("model.attention", "auto, xla or blockwise with a float32 model.compute_dtype or "
+              "rollout.compute_dtype (cuDNN attention runs bfloat16/float16 only)", c.model.attention)
+    for f in ("model.logits_chunk", "model.attention_block", "model.hidden_size", "model.num_layers", "model.num_heads",
               "model.num_kv_heads", "model.intermediate_size", "model.max_position_embeddings"):
         _check(c, f, lambda v: _is_int(v) and v >= 1, "a positive int")
     if c.model.hidden_size % c.model.num_heads:

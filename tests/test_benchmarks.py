@@ -118,3 +118,14 @@ def test_iteration_flops_against_a_hand_count():
     assert flops["total"] == pytest.approx(6 * fwd)
     unshared = grpo_iteration.iteration_flops(c, B, G, P, T, prefix_shared=False)
     assert unshared["total"] - flops["total"] == pytest.approx(6 * block_tokens(B * G - B, 0, P))
+
+
+def test_attention_script_runs_at_toy_size():
+    script = os.path.join(ROOT, "benchmarks", "attention.py")
+    proc = subprocess.run([sys.executable, script, "--toy"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| T | xla ms | blockwise ms |" in proc.stdout and "\n| 40 |" in proc.stdout
+    if __import__("jax").default_backend() != "gpu":
+        proc = subprocess.run([sys.executable, script, "--device-suite"], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)
+        assert proc.returncode != 0 and "--device-suite needs a GPU" in proc.stderr

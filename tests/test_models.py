@@ -27,9 +27,10 @@ def _masked_max(a, b, mask):
     return float(np.abs(np.asarray(a) - np.asarray(b))[np.asarray(mask).astype(bool)].max())
 
 
-def test_logits_match_transformers_left_padded(hf_model):
+@pytest.mark.parametrize("attention", ["xla", "blockwise"])
+def test_logits_match_transformers_left_padded(hf_model, attention):
     variant, path, model = hf_model
-    config, params = load_hf(path)
+    config, params = load_hf(path, attention=attention, attention_block=8)  # blockwise: several tiles
     tokens, mask = left_padded_batch(np.random.default_rng(0), LENGTHS, config.vocab_size)
     ours = forward(config, params, tokens, mask)
     assert ours.dtype == jnp.float32 and ours.shape == (*tokens.shape, config.vocab_size)
@@ -174,6 +175,32 @@ def test_prompt_shared_completion_pass_equals_full_sequences(tmp_path):
     P = prompts.shape[1]
     ref = token_logprobs(config, params, full_tokens[:, :-1], full_mask[:, :-1], full_tokens[:, 1:])[:, P - 1:]
     assert _masked_max(shared, ref, cmask) <= 1e-5
+
+
+def test_blockwise_attention_equals_xla_logits_and_gradients(tmp_path):
+    """model.attention=blockwise against the dense path on a whole model: logits, log-prob gradients w.r.t.
+    the parameters, and the prompt-shared completion pass (prefix merged by log-sum-exp), float32."""
+    path = str(tmp_path / "m")
+    make_hf_model(path, "qwen2")
+    xla, params = load_hf(path, attention="xla")
+    blockwise = xla.replace(attention="blockwise", attention_block=4)
+    rng = np.random.default_rng(10)
+    tokens, mask = left_padded_batch(rng, [13, 6, 1], xla.vocab_size)
+    assert _masked_max(forward(blockwise, params, tokens, mask), forward(xla, params, tokens, mask), mask) <= 1e-5
+    prompts, pmask = left_padded_batch(rng, [5, 3], xla.vocab_size)
+    comps = rng.integers(3, xla.vocab_size, (4, 9)).astype(np.int32)
+    cmask = (np.arange(9)[None] < np.array([9, 4, 1, 7])[:, None]).astype(np.int32)
+
+    def loss(config):
+        def f(p):
+            full = jnp.sum(token_logprobs(config, p, tokens, mask, tokens) * mask)
+            hidden = completion_hidden(config, p, prompts, pmask, comps, cmask)
+            return full + jnp.sum(logprobs_from_hidden(config, p, hidden, comps) * cmask)
+        return jax.value_and_grad(f)
+
+    (v1, g1), (v2, g2) = loss(blockwise)(params), loss(xla)(params)
+    assert abs(float(v1) - float(v2)) <= 1e-5 * max(1.0, abs(float(v2)))
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g1, g2)
 
 
 def test_value_model_from_policy_and_from_sequence_classification(tmp_path):

@@ -76,6 +76,16 @@ def test_sampler_logprobs_equal_trainer_logprobs(qwen, temperature, top_k, top_p
     assert np.all(np.asarray(r.logprobs)[~np.asarray(r.mask).astype(bool)] == 0)
 
 
+def test_sampler_logprobs_equal_trainer_logprobs_with_blockwise_attention(qwen):
+    """model.attention=blockwise in the sampler's prefill and the trainer's pass (tiles of 4 tokens)."""
+    config, params = qwen
+    config = config.replace(attention="blockwise", attention_block=4)
+    tokens, mask = _prompts(1)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=10, num_samples=4,
+                 temperature=0.7, eos_ids=[EOS, 7, 11], pad_id=PAD)
+    assert _trainer_logprob_gap(config, params, r, 0.7) <= 1e-4
+
+
 def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
     """Deep or large models decode with a scan over the stacked layers (`lm.decode_unrolled` False) instead
     of the unrolled per-layer loop of small ones: same rollouts, and log-probs equal to the trainer's."""

@@ -62,6 +62,8 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
     remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): memory vs recompute in backward
     logits_chunk: int = 128  # sequence chunk of token_logprobs: (B, chunk, V) is the largest logits block
+    attention: str = "auto"  # auto | xla | blockwise | cudnn | splash: multi-token attention (models/kernels.py)
+    attention_block: int = 256  # blockwise attention's query and key tile (tokens)
 
     @property
     def kv_groups(self) -> int:

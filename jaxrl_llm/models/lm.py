@@ -22,16 +22,10 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def causal_mask(mask: jax.Array) -> jax.Array:
-    """(B,T) key mask -> (B,T,T) bool: query t sees real keys at positions <= t."""
-    t = mask.shape[-1]
-    return jnp.tril(jnp.ones((t, t), bool))[None] & mask.astype(bool)[:, None, :]
-
-
 def init_params(config: ModelConfig, rng: jax.Array, *, with_lm_head: bool = True):
     """Random parameters (normal 0.02, norms at 1) in `config.param_dtype`, without logical boxes."""
     tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = Decoder(config, with_lm_head=with_lm_head).init(rng, tokens, tokens, jnp.ones((1, 1, 1), bool))
+    variables = Decoder(config, with_lm_head=with_lm_head).init(rng, tokens, tokens, jnp.ones((1, 1), bool))
     return nn.meta.unbox(variables["params"])
 
 
@@ -39,7 +33,7 @@ def param_logical_axes(config: ModelConfig, *, with_lm_head: bool = True):
     """Pytree of `PartitionSpec`s of logical axis names, matching `init_params`'s structure."""
     tokens = jnp.zeros((1, 1), jnp.int32)
     abstract = jax.eval_shape(lambda: Decoder(config, with_lm_head=with_lm_head).init(
-        jax.random.PRNGKey(0), tokens, tokens, jnp.ones((1, 1, 1), bool)))
+        jax.random.PRNGKey(0), tokens, tokens, jnp.ones((1, 1), bool)))
     return nn.get_partition_spec(abstract["params"])
 
 
@@ -48,7 +42,7 @@ def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask
     """Final-norm hidden states (B,T,D) of a left-padded batch; positions come from the mask."""
     mask = jnp.ones_like(tokens) if attention_mask is None else attention_mask
     hidden, _ = Decoder(config, with_lm_head=False).apply(
-        {"params": params}, tokens, positions_from_mask(mask), causal_mask(mask))
+        {"params": params}, tokens, positions_from_mask(mask), mask.astype(bool))
     return hidden
 
 
@@ -119,7 +113,7 @@ def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Ar
     Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd).
     """
     hidden, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
-        {"params": params}, prompts, positions_from_mask(prompt_mask), causal_mask(prompt_mask))
+        {"params": params}, prompts, positions_from_mask(prompt_mask), prompt_mask.astype(bool))
     return hidden, kv
 
 
@@ -140,7 +134,7 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     c_hidden, _ = Decoder(config, with_lm_head=False).apply(
-        {"params": params}, completions, positions, causal_mask(completion_mask), prefix=kv,
+        {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
         prefix_mask=prompt_mask.astype(bool))
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
     return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)

@@ -4,9 +4,11 @@ Shapes: N rows, S query tokens, K self keys, B prompt rows with N = B*G (G compl
 P prompt tokens, L layers, D hidden, H heads, Hkv key/value heads, R = H/Hkv, hd head dim, V vocab.
 
 One `Decoder` serves every multi-token pass:
-  * plain (training / HF parity): attention among the S tokens under `self_mask` (N,S,S);
+  * plain (training / HF parity): causal attention among the S tokens under the key `mask` (N,S)
+    [and `segment_ids` (N,S): a token sees only its own segment's, for packed rows];
   * `prefix`: per-layer keys/values of a shared prompt (L,B,P,Hkv,hd) that every row n = b*G + g also
     attends to -- the prompt is computed once per prompt, not once per completion (sampling and training).
+Attention runs by `config.attention` (models/kernels.py: xla, blockwise, cudnn, splash or auto).
 Layers are stacked with `nn.scan` (compile time independent of depth) and optionally rematerialized.
 The sampler's one-token step is `decode_layer` at the end of this file: the same layer as plain arrays.
 """
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
+from jaxrl_llm.models.kernels import attend
 
 _NEG = float(np.finfo(np.float32).min)
 
@@ -148,39 +151,6 @@ class Dense(nn.Module):
         return y
 
 
-def attend(q, k, v, self_mask, prefix=None):
-    """Softmax attention over [prefix keys ; self keys] with GQA, softmax in float32.
-
-    q (N,S,H,hd); k, v (N,K,Hkv,hd); self_mask (N,S,K) bool.
-    prefix: None or (pk, pv, pmask) with pk, pv (B,P,Hkv,hd), pmask (B,P) bool; row n = b*G + g sees
-    prompt b. The prompt keys are never copied G times: queries are grouped as (B,G,...) instead.
-    Returns (N,S,H,hd).
-    """
-    n, s, h, hd = q.shape
-    kvh = k.shape[2]
-    r = h // kvh
-    scale = hd ** -0.5
-    q = q.reshape(n, s, kvh, r, hd)
-    scores = jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(self_mask[:, None, None], scores, _NEG)
-    if prefix is not None:
-        pk, pv, pmask = prefix
-        b, p = pk.shape[:2]
-        qg = q.reshape(b, n // b, s, kvh, r, hd)
-        pscores = jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale
-        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, _NEG)
-        scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if prefix is None:
-        out = jnp.einsum("nkrst,ntkd->nskrd", weights, v)
-    else:
-        wp, ws = weights[..., :p], weights[..., p:]
-        out = jnp.einsum("nkrst,ntkd->nskrd", ws, v)
-        out = out + jnp.einsum("bgkrsp,bpkd->bgskrd", wp.reshape(b, n // b, kvh, r, s, p),
-                               pv).reshape(n, s, kvh, r, hd)
-    return out.reshape(n, s, h, hd)
-
-
 class Block(nn.Module):
     """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v)."""
 
@@ -188,7 +158,7 @@ class Block(nn.Module):
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
 
     @nn.compact
-    def __call__(self, x, prefix_kv, cos, sin, self_mask, prefix_mask):
+    def __call__(self, x, prefix_kv, cos, sin, mask, segment_ids, prefix_mask):
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
         dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name)
@@ -203,7 +173,7 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
-        a = attend(q, k, v, self_mask, prefix)
+        a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block)
         x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)
@@ -233,7 +203,7 @@ class Decoder(nn.Module):
     with_lm_head: bool = True
 
     @nn.compact
-    def __call__(self, tokens, positions, self_mask, prefix=None, prefix_mask=None):
+    def __call__(self, tokens, positions, mask, prefix=None, prefix_mask=None, segment_ids=None):
         c = self.config
         pdt = jnp.dtype(c.param_dtype)
         embedding = self.param("embed", nn.with_logical_partitioning(_init(), ("vocab", "embed")),
@@ -251,9 +221,10 @@ class Decoder(nn.Module):
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-        x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, self_mask, prefix_mask)
+        x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, mask, segment_ids,
+                                                          prefix_mask)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="final_norm")(x)
         return x, kv
 

@@ -23,6 +23,7 @@ from jaxrl_llm.data.tasks import load_task
 from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value,
                               param_logical_axes, value_logical_axes)
 from jaxrl_llm.models.config import read_hf_config
+from jaxrl_llm.models.kernels import check_attention
 from jaxrl_llm.rewards import get_reward_fn
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -66,15 +67,18 @@ def builtin_model_config(c: ml_collections.ConfigDict, tokenizer) -> ModelConfig
                        max_position_embeddings=m.max_position_embeddings, tie_word_embeddings=True,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=(tokenizer.eos_token_id,),
                        pad_token_id=tokenizer.pad_token_id, param_dtype=m.dtype, dtype=m.compute_dtype,
-                       remat=m.remat, logits_chunk=m.logits_chunk)
+                       remat=m.remat, logits_chunk=m.logits_chunk, attention=m.attention,
+                       attention_block=m.attention_block)
 
 
 def load_model_config(c: ml_collections.ConfigDict):
     """(model path or "", tokenizer, ModelConfig, EOS ids, pad id), checked against the rollout's length."""
+    check_attention(c.model.attention)  # a kernel this backend lacks fails here, before any loading
     model_path = resolve_model_path(c.model.path) if c.model.path else ""
     if model_path:  # config.json first: without it the tokenizer fails too, with a message about itself
         mc = read_hf_config(model_path, param_dtype=c.model.dtype, dtype=c.model.compute_dtype,
-                            remat=c.model.remat, logits_chunk=c.model.logits_chunk)
+                            remat=c.model.remat, logits_chunk=c.model.logits_chunk,
+                            attention=c.model.attention, attention_block=c.model.attention_block)
         tokenizer = load_tokenizer(c.tokenizer or model_path)
     else:
         tokenizer = load_tokenizer(c.tokenizer)
@@ -110,7 +114,8 @@ def load_params(c, mc: ModelConfig, model_path: str, mesh, init_rng):
     shardings = sharding.logical_to_sharding(param_logical_axes(mc), abstract, mesh)
     if model_path:
         _, params = load_hf(model_path, jnp.dtype(c.model.dtype), compute_dtype=c.model.compute_dtype,
-                            shardings=shardings, remat=c.model.remat, logits_chunk=c.model.logits_chunk)
+                            shardings=shardings, remat=c.model.remat, logits_chunk=c.model.logits_chunk,
+                            attention=c.model.attention, attention_block=c.model.attention_block)
     else:
         params = jax.jit(lambda k: init_params(mc, k), out_shardings=shardings)(init_rng)
     return params, shardings

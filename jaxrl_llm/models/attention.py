@@ -1,0 +1,217 @@
+"""Blockwise (flash-style) attention in pure JAX: no (rows, heads, T, T) array, forward or backward.
+
+Shapes: N rows, S query tokens, K keys, H query heads, Hkv key/value heads, R = H/Hkv (GQA: query head
+h = kv_head*R + r, as in kernels.dense_attend), hd head dim; B prompts with N = B*G (the shared prefix).
+
+The scores exist one (N, Hkv, block_q, R, block_k) float32 tile at a time. The forward keeps an online
+softmax over key blocks (running max, sum and float32 accumulator) and saves only the output and the
+log-sum-exp per query; the backward (`jax.custom_vjp`) recomputes each tile's scores from q, k and that
+log-sum-exp. Causal passes visit only the key blocks at or below the diagonal: the loops over blocks have
+data-independent but per-block trip counts, so blocks above the diagonal are never computed.
+
+Which keys a query sees is given by segment ids: query i sees key j iff q_seg[i] == kv_seg[j], kv_seg[j]
+>= 0 and (causal) j <= i. A key mask is kv_seg = -1 on masked keys; packing later gives each packed
+sequence its own id (positions are RoPE's business, supplied separately). A query with no visible key
+(a fully padded row) gets zeros and a log-sum-exp of `EMPTY_LSE`: finite, never NaN, in both passes.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EMPTY_LSE = float(np.finfo(np.float32).min)  # log-sum-exp of a query that sees no key
+_NEG = EMPTY_LSE  # masked score: finite, so that max/exp of an all-masked tile stays finite
+
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 256
+
+
+def _key_block_stop(i, bq, bk, nk, causal):
+    """One past the last key block query block i needs: all of them, or those at or below the diagonal."""
+    if not causal:
+        return nk
+    return jnp.minimum(nk, (i * bq + bq - 1) // bk + 1)
+
+
+def _query_block_start(j, bq, bk, causal):
+    """First query block that needs key block j (the transpose of `_key_block_stop`)."""
+    return (j * bk) // bq if causal else 0
+
+
+def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal):
+    """Scores of one tile and which of them are visible.
+
+    q_blk (N,Hkv,bq,R,hd), k_blk (N,Hkv,bk,hd), q_seg (N,bq), kv_seg (N,bk) int32; q0, k0 the tile's first
+    query/key index. Returns s (N,Hkv,bq,R,bk) float32 with masked entries at _NEG, and valid broadcastable
+    to it: (N,1,bq,1,bk) bool.
+    """
+    s = jnp.einsum("nkqrd,nkcd->nkqrc", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+    valid = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
+    if causal:
+        qi = q0 + jnp.arange(q_seg.shape[1])
+        kj = k0 + jnp.arange(kv_seg.shape[1])
+        valid = valid & (qi[:, None] >= kj[None, :])[None]
+    valid = valid[:, None, :, None, :]
+    return jnp.where(valid, s, _NEG), valid
+
+
+def _layout(q, k, v, q_seg, kv_seg, bq, bk):
+    """Head-major, padded to whole blocks: q (N,Hkv,Sp,R,hd), k/v (N,Hkv,Kp,hd), segs padded (keys with -1)."""
+    n, s, h, hd = q.shape
+    kvh = k.shape[2]
+    sp, kp = -(-s // bq) * bq, -(-k.shape[1] // bk) * bk
+    qh = q.reshape(n, s, kvh, h // kvh, hd).transpose(0, 2, 1, 3, 4)
+    qh = jnp.pad(qh, ((0, 0), (0, 0), (0, sp - s), (0, 0), (0, 0)))
+    pad_k = lambda x: jnp.pad(x.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, kp - x.shape[1]), (0, 0)))
+    q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, sp - s)), constant_values=-2)
+    kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, kp - k.shape[1])), constant_values=-1)
+    return qh, pad_k(k), pad_k(v), q_seg, kv_seg
+
+
+def _blocks(q, k, block_q, block_k):
+    """(bq, bk, nq, nk): the fewest blocks of at most block_q / block_k tokens, all of one size, so that the
+    padding of the last one is < the block count (384 tokens by 256: two blocks of 192, not 2 x 256)."""
+    even = lambda t, b: -(-t // -(-t // max(1, b)))
+    bq, bk = even(q.shape[1], block_q), even(k.shape[1], block_k)
+    return bq, bk, -(-q.shape[1] // bq), -(-k.shape[1] // bk)
+
+
+def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
+    n, s, h, hd = q.shape
+    bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
+    qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
+    scale = hd ** -0.5
+    slice_k = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=x.ndim - 2 if x.ndim == 4 else 1)
+
+    def query_block(i):
+        q_blk = jax.lax.dynamic_slice_in_dim(qh, i * bq, bq, axis=2)
+        qs = jax.lax.dynamic_slice_in_dim(q_seg_p, i * bq, bq, axis=1)
+
+        def key_block(j, carry):
+            m, l, acc = carry
+            sc, valid = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), i * bq, j * bk, scale, causal)
+            m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+            p = jnp.where(valid, jnp.exp(sc - m_new[..., None]), 0.0)
+            corr = jnp.exp(m - m_new)
+            pv = jnp.einsum("nkqrc,nkcd->nkqrd", p.astype(vh.dtype), slice_k(vh, j),
+                            preferred_element_type=jnp.float32)
+            return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+
+        shape = q_blk.shape[:-1]
+        init = (jnp.full(shape, _NEG, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros(q_blk.shape, jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, _key_block_stop(i, bq, bk, nk, causal), key_block, init)
+        seen = l > 0
+        out = acc / jnp.where(seen, l, 1.0)[..., None]
+        return out.astype(q.dtype), jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), EMPTY_LSE)
+
+    out, lse = jax.lax.map(query_block, jnp.arange(nq))  # (nq,N,Hkv,bq,R,hd), (nq,N,Hkv,bq,R)
+    out = out.transpose(1, 0, 3, 2, 4, 5).reshape(n, nq * bq, h, hd)[:, :s]
+    lse = lse.transpose(1, 0, 3, 2, 4).reshape(n, nq * bq, h)[:, :s]
+    return out, lse
+
+
+def _backward(causal, block_q, block_k, res, cotangents):
+    q, k, v, q_seg, kv_seg, out, lse = res
+    d_out, d_lse = cotangents
+    n, s, h, hd = q.shape
+    kvh, r = k.shape[2], h // k.shape[2]
+    bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
+    qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
+    scale = hd ** -0.5
+    sp = nq * bq
+    rows = lambda x: jnp.pad(x.reshape(n, s, kvh, r, *x.shape[3:]).swapaxes(1, 2),
+                             ((0, 0), (0, 0), (0, sp - s), (0, 0)) + ((0, 0),) * (x.ndim - 3))
+    doh = rows(d_out.astype(q.dtype))
+    # D_i = sum_d dO*O, minus the log-sum-exp's own cotangent: d lse_i / d s_ij = p_ij.
+    delta = rows(jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1) - d_lse)
+    lse_h = rows(lse)
+    q_slice = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * bq, bq, axis=2)
+
+    def key_block(dq, j):
+        k_blk = jax.lax.dynamic_slice_in_dim(kh, j * bk, bk, axis=2)
+        v_blk = jax.lax.dynamic_slice_in_dim(vh, j * bk, bk, axis=2)
+        ks = jax.lax.dynamic_slice_in_dim(kv_seg_p, j * bk, bk, axis=1)
+
+        def query_block(i, carry):
+            dq, dk, dv = carry
+            q_blk, do_blk = q_slice(qh, i), q_slice(doh, i)
+            qs = jax.lax.dynamic_slice_in_dim(q_seg_p, i * bq, bq, axis=1)
+            sc, valid = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal)
+            p = jnp.where(valid, jnp.exp(sc - q_slice(lse_h, i)[..., None]), 0.0)
+            dv = dv + jnp.einsum("nkqrc,nkqrd->nkcd", p.astype(v.dtype), do_blk, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("nkqrd,nkcd->nkqrc", do_blk, v_blk, preferred_element_type=jnp.float32)
+            ds = (p * (dp - q_slice(delta, i)[..., None]) * scale).astype(q.dtype)
+            dk = dk + jnp.einsum("nkqrc,nkqrd->nkcd", ds, q_blk, preferred_element_type=jnp.float32)
+            dq_blk = jnp.einsum("nkqrc,nkcd->nkqrd", ds, k_blk, preferred_element_type=jnp.float32)
+            dq = jax.lax.dynamic_update_slice_in_dim(dq, q_slice(dq, i) + dq_blk, i * bq, axis=2)
+            return dq, dk, dv
+
+        zeros = jnp.zeros(k_blk.shape, jnp.float32)
+        dq, dk, dv = jax.lax.fori_loop(_query_block_start(j, bq, bk, causal), nq, query_block, (dq, zeros, zeros))
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qh.shape, jnp.float32), jnp.arange(nk))
+    dq = dq.transpose(0, 2, 1, 3, 4).reshape(n, sp, h, hd)[:, :s].astype(q.dtype)
+    unblock = lambda x, like: x.transpose(1, 0, 3, 2, 4).reshape(n, nk * bk, kvh, hd)[:, :like.shape[1]].astype(like.dtype)
+    return dq, unblock(dk, k), unblock(dv, v), None, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q=DEFAULT_BLOCK_Q,
+                    block_k=DEFAULT_BLOCK_K):
+    """Softmax attention by blocks, with GQA; float32 softmax and accumulation.
+
+    q (N,S,H,hd); k, v (N,K,Hkv,hd), same dtype as q; q_segment_ids (N,S) int; kv_segment_ids (N,K) int,
+    negative on masked keys. Query i sees key j iff the segment ids are equal, kv_segment_ids[j] >= 0 and,
+    when `causal` (S == K), j <= i. Block sizes need not divide S or K; a block larger than the sequence
+    is clamped to it. Returns (out (N,S,H,hd) in q.dtype, lse (N,S,H) float32): both differentiable;
+    a query that sees no key gets out = 0 and lse = EMPTY_LSE.
+    """
+    return _forward(q, k, v, q_segment_ids, kv_segment_ids, causal, block_q, block_k)
+
+
+def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
+    out, lse = _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k)
+    return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
+
+
+flash_attention.defvjp(_flash_fwd, _backward)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Softmax over the union of two disjoint key sets from each one's (out (...,hd), lse (...)).
+
+    Exact: out = (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b). Two empty sets give zeros.
+    Returns float32 (out, lse)."""
+    lse = jnp.logaddexp(lse_a, lse_b)
+    wa, wb = jnp.exp(lse_a - lse)[..., None], jnp.exp(lse_b - lse)[..., None]
+    return out_a.astype(jnp.float32) * wa + out_b.astype(jnp.float32) * wb, lse
+
+
+def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_q=DEFAULT_BLOCK_Q,
+                     block_k=DEFAULT_BLOCK_K):
+    """Causal self-attention among the S tokens [+ a shared prompt prefix], blockwise. Same contract as
+    kernels.dense_attend, with the mask given by its parts instead of a dense (N,S,S) array.
+
+    q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool: the real tokens; segment_ids None or (N,S) int
+    >= 0 (a query sees only keys of its own segment). prefix: None or (pk, pv, pmask), pk/pv (B,P,Hkv,hd),
+    pmask (B,P) bool, row n = b*G + g sees prompt b; the G rows' queries are grouped per prompt against
+    the prefix keys (never copied G times) and merged with the self part by log-sum-exp. Returns (N,S,H,hd).
+    """
+    n, s, h, hd = q.shape
+    seg = jnp.zeros((n, s), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    kv_seg = jnp.where(key_mask.astype(bool), seg, -1)
+    out, lse = flash_attention(q, k, v, seg, kv_seg, True, block_q, block_k)
+    if prefix is None:
+        return out
+    pk, pv, pmask = prefix
+    b = pk.shape[0]
+    qg = q.reshape(b, (n // b) * s, h, hd)
+    p_out, p_lse = flash_attention(qg, pk, pv, jnp.zeros(qg.shape[:2], jnp.int32),
+                                   jnp.where(pmask.astype(bool), 0, -1), False, block_q, block_k)
+    merged, _ = merge(out, lse, p_out.reshape(n, s, h, hd), p_lse.reshape(n, s, h))
+    return merged.astype(q.dtype)

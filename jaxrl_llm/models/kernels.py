@@ -1,0 +1,169 @@
+"""The attention implementations behind `model.attention`, and the choice among them.
+
+Shapes as in transformer.py: q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool (the real tokens);
+segment_ids None or (N,S) int >= 0; prefix None or (pk, pv (B,P,Hkv,hd), pmask (B,P) bool), row
+n = b*G + g seeing prompt b. Every implementation is causal self-attention among the S tokens under the
+key mask and segment ids [+ the prefix], and returns (N,S,H,hd):
+
+  * xla: the dense path, (N,Hkv,R,S,S+P) float32 scores (`dense_attend`; today's arithmetic, exactly);
+  * blockwise: models/attention.py, the flash-style pure-JAX path: no T x T array, causal blocks skipped;
+  * cudnn: `jax.nn.dot_product_attention(implementation='cudnn')`, GPU only;
+  * splash: the Pallas splash-attention kernel, TPU only;
+  * auto: cudnn on GPU where it applies, splash on TPU, and on CPU xla below `CPU_BLOCKWISE_MIN_KEYS`
+    keys per query and blockwise from there (measured: benchmarks/attention.py, docs/attention.md).
+
+Outputs at query positions whose own mask is 0 are not specified (padding; every caller ignores them)
+except that they are finite; a query that sees no key gets zeros in blockwise, cudnn and splash.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.attention import blockwise_attend
+
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
+_BACKEND_OF = {"cudnn": ("gpu", "a GPU (cuDNN)"), "splash": ("tpu", "a TPU (Pallas splash attention)")}
+# On CPU, blockwise beats the dense path from this many keys per query (self tokens + prefix) on:
+# benchmarks/attention.py on the 2-core development machine (docs/attention.md).
+CPU_BLOCKWISE_MIN_KEYS = 384
+_NEG = float(np.finfo(np.float32).min)
+
+
+def check_attention(name: str, backend: str | None = None) -> None:
+    """One-line ValueError when `model.attention` names no implementation or one this backend lacks."""
+    if name not in ATTENTION_IMPLS:
+        raise ValueError(f"config.model.attention={name!r}: expected one of {', '.join(ATTENTION_IMPLS)}")
+    backend = backend or jax.default_backend()
+    if name in _BACKEND_OF and backend != _BACKEND_OF[name][0]:
+        raise ValueError(f"config.model.attention={name!r} needs {_BACKEND_OF[name][1]}, but JAX runs on "
+                         f"{backend}; use auto, xla or blockwise")
+
+
+def cudnn_supports(dtype, head_dim: int) -> bool:
+    """cuDNN flash attention's own limits: half precision, head dim a multiple of 8 up to 128."""
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) and head_dim % 8 == 0 \
+        and head_dim <= 128
+
+
+def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool) -> str:
+    """The implementation `name` runs as: `auto` becomes a concrete one, the others are checked."""
+    check_attention(name, backend)
+    if name == "cudnn" and not cudnn_supports(dtype, head_dim):
+        raise ValueError(f"config.model.attention='cudnn' needs bfloat16/float16 compute and a head dim that is a "
+                         f"multiple of 8 up to 128; got {jnp.dtype(dtype).name}, {head_dim}: use auto or blockwise")
+    if name != "auto":
+        return name
+    if backend == "gpu":
+        # cuDNN has no segment ids: with them (packing) it needs a dense mask, which blockwise avoids.
+        return "cudnn" if cudnn_supports(dtype, head_dim) and not segments else "blockwise"
+    if backend == "tpu":
+        return "splash"
+    return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla"
+
+
+def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256):
+    """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
+    is blockwise's query and key tile (config.model.attention_block)."""
+    keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
+    impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
+                             keys=keys, segments=segment_ids is not None)
+    if impl == "xla":
+        return dense_attend(q, k, v, dense_mask(key_mask, segment_ids), prefix)
+    if impl == "blockwise":
+        return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block)
+    if impl == "cudnn":
+        return cudnn_attend(q, k, v, key_mask, segment_ids, prefix)
+    from jaxrl_llm.models.splash import splash_attend  # TPU-only module: imported where it runs
+    return splash_attend(q, k, v, key_mask, segment_ids, prefix)
+
+
+def dense_mask(key_mask, segment_ids=None):
+    """(N,S) key mask [+ segment ids] -> (N,S,S) bool: query t sees real keys <= t [of its segment]."""
+    t = key_mask.shape[-1]
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & key_mask.astype(bool)[:, None, :]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return mask
+
+
+def dense_attend(q, k, v, self_mask, prefix=None):
+    """Softmax attention over [prefix keys ; self keys] with GQA, softmax in float32.
+
+    q (N,S,H,hd); k, v (N,K,Hkv,hd); self_mask (N,S,K) bool.
+    prefix: None or (pk, pv, pmask) with pk, pv (B,P,Hkv,hd), pmask (B,P) bool; row n = b*G + g sees
+    prompt b. The prompt keys are never copied G times: queries are grouped as (B,G,...) instead.
+    Returns (N,S,H,hd).
+    """
+    n, s, h, hd = q.shape
+    kvh = k.shape[2]
+    r = h // kvh
+    scale = hd ** -0.5
+    q = q.reshape(n, s, kvh, r, hd)
+    scores = jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(self_mask[:, None, None], scores, _NEG)
+    if prefix is not None:
+        pk, pv, pmask = prefix
+        b, p = pk.shape[:2]
+        qg = q.reshape(b, n // b, s, kvh, r, hd)
+        pscores = jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale
+        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, _NEG)
+        scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    if prefix is None:
+        out = jnp.einsum("nkrst,ntkd->nskrd", weights, v)
+    else:
+        wp, ws = weights[..., :p], weights[..., p:]
+        out = jnp.einsum("nkrst,ntkd->nskrd", ws, v)
+        out = out + jnp.einsum("bgkrsp,bpkd->bgskrd", wp.reshape(b, n // b, kvh, r, s, p),
+                               pv).reshape(n, s, kvh, r, hd)
+    return out.reshape(n, s, h, hd)
+
+
+def inline_prefix(q, k, v, key_mask, segment_ids, prefix):
+    """For kernels without a shared prefix: each row gets its prompt's P keys in front of its own, and P
+    zero queries (whose outputs are dropped), so that plain causal attention over P+S tokens sees the whole
+    prompt from every completion token. Copies the prompt's keys G times (not its scores).
+    Returns (q, k, v, key_mask) over P+S tokens and P."""
+    if segment_ids is not None:
+        raise ValueError("segment ids (packed rows) and a shared prompt prefix do not go together")
+    pk, pv, pmask = prefix
+    n, (b, p) = q.shape[0], pk.shape[:2]
+    rows = lambda x: jnp.repeat(x, n // b, axis=0)
+    q = jnp.concatenate([jnp.zeros((n, p, *q.shape[2:]), q.dtype), q], axis=1)
+    k = jnp.concatenate([rows(pk).astype(k.dtype), k], axis=1)
+    v = jnp.concatenate([rows(pv).astype(v.dtype), v], axis=1)
+    return q, k, v, jnp.concatenate([rows(pmask.astype(bool)), key_mask.astype(bool)], axis=1), p
+
+
+def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementation="cudnn"):
+    """cuDNN flash attention (`implementation` is a parameter so that CPU tests can run the same wrapper
+    through JAX's reference 'xla' implementation).
+
+    cuDNN knows causal masks and per-row lengths of right-padded rows, not arbitrary key masks. A stable
+    sort moves each row's real tokens to the front in their order: causal attention among them is then
+    exactly causal attention under the key mask, for every real query (left or right padding, holes).
+    Padded queries land past the row's length and get zeros. With segment ids cuDNN needs the dense
+    (N,1,S,S) boolean mask (jax.nn.dot_product_attention has no segment ids): use blockwise for packing.
+    """
+    p = 0
+    if prefix is not None:
+        q, k, v, key_mask, p = inline_prefix(q, k, v, key_mask, segment_ids, prefix)
+    s = q.shape[1]
+    if s % 2:  # cuDNN's backward takes even lengths only: one masked token more
+        q, k, v, key_mask = (jnp.pad(x, ((0, 0), (0, 1)) + ((0, 0),) * (x.ndim - 2)) for x in (q, k, v, key_mask))
+        segment_ids = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (0, 1)))
+    key_mask = key_mask.astype(bool)
+    if segment_ids is not None:
+        mask = dense_mask(key_mask, segment_ids)
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
+        return jnp.where(jnp.any(mask, axis=-1)[..., None, None], out, 0).astype(q.dtype)[:, :s]
+    order = jnp.argsort(~key_mask, axis=1, stable=True)  # real tokens first, in their order
+    lengths = jnp.sum(key_mask, axis=1, dtype=jnp.int32)
+    gather = lambda x, idx: jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
+    out = jax.nn.dot_product_attention(gather(q, order), gather(k, order), gather(v, order), is_causal=True,
+                                       query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                                       implementation=implementation)
+    out = gather(out, jnp.argsort(order, axis=1))
+    return jnp.where(key_mask[:, :, None, None], out, 0).astype(q.dtype)[:, p:s]

@@ -1,0 +1,52 @@
+"""`model.attention = splash`: the Pallas TPU splash-attention kernel
+(`jax.experimental.pallas.ops.tpu.splash_attention`), called as JAX documents it: a causal
+`MultiHeadMask`, `make_splash_mha` (GQA: query heads a multiple of the key/value heads), one kernel per
+row through `jax.vmap`, and `SegmentIds` for everything the static causal mask does not say.
+
+Shapes as in models/kernels.py. The kernel does not scale the scores (queries are scaled here), wants
+head-major (heads, T, hd) operands and T a multiple of its blocks (rows are padded with masked tokens).
+Key mask and segment ids are both expressed as splash segment ids: real token of segment s -> s + 1,
+masked token -> 0. A masked query then sees only masked keys (itself at least), so no softmax row is
+empty (the kernel's requirement), and its output, which every caller ignores, is set to zero here.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.kernels import inline_prefix
+
+BLOCK = 128  # splash tile (query, key, and the backward's); sequences are padded to a multiple of it
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(heads: int, length: int, interpret: bool):
+    """The splash kernel of one causal (length x length) mask, for `heads` query heads (built once)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    b = BLOCK
+    sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
+                          block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+    mask = sm.MultiHeadMask([sm.CausalMask((length, length)) for _ in range(heads)])
+    return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret), sk
+
+
+def splash_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, interpret: bool = False):
+    """Causal attention under the key mask and segment ids [+ prefix] by splash attention. `interpret`
+    runs the kernel in Pallas' interpreter (CPU tests). Returns (N,S,H,hd) in q.dtype."""
+    p = 0
+    if prefix is not None:
+        q, k, v, key_mask, p = inline_prefix(q, k, v, key_mask, segment_ids, prefix)
+    n, s, h, hd = q.shape
+    length = -(-s // BLOCK) * BLOCK  # the kernel's tiles must divide T (and be multiples of 128 lanes)
+    key_mask = key_mask.astype(bool)
+    seg = jnp.zeros((n, s), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    seg = jnp.pad(jnp.where(key_mask, seg + 1, 0), ((0, 0), (0, length - s)))
+    heads_first = lambda x: jnp.pad(x, ((0, 0), (0, length - s), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    kernel, sk = _kernel(h, length, interpret)
+    out = jax.vmap(kernel)(heads_first(q * jnp.asarray(hd ** -0.5, q.dtype)), heads_first(k), heads_first(v),
+                           sk.SegmentIds(q=seg, kv=seg))
+    out = out.transpose(0, 2, 1, 3)[:, :s]
+    return jnp.where(key_mask[:, :, None, None], out, 0).astype(q.dtype)[:, p:]

@@ -50,9 +50,11 @@ def traced_programs(config):
             "value": jax.make_jaxpr(lambda v: value_forward(config, v, tokens, mask))(value_params)}
 
 
-def test_float32_compute_traces_every_matmul_at_highest_precision():
+@pytest.mark.parametrize("attention", ["xla", "blockwise"])
+def test_float32_compute_traces_every_matmul_at_highest_precision(attention):
+    """Blockwise attention's backward is a custom VJP, traced when the gradient is taken: it too."""
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-    for name, jaxpr in traced_programs(CONFIG).items():
+    for name, jaxpr in traced_programs(CONFIG.replace(attention=attention, attention_block=2)).items():
         precisions = dot_precisions(jaxpr)
         assert len(precisions) >= 4, (name, precisions)  # the walk reached the model's matmuls
         assert all(p == highest for p in precisions), (name, precisions)

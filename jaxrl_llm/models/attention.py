@@ -16,6 +16,7 @@ sequence its own id (positions are RoPE's business, supplied separately). A quer
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -171,15 +172,29 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q
     is clamped to it. Returns (out (N,S,H,hd) in q.dtype, lse (N,S,H) float32): both differentiable;
     a query that sees no key gets out = 0 and lse = EMPTY_LSE.
     """
-    return _forward(q, k, v, q_segment_ids, kv_segment_ids, causal, block_q, block_k)
+    with _precision(q):
+        return _forward(q, k, v, q_segment_ids, kv_segment_ids, causal, block_q, block_k)
+
+
+def _precision(q):
+    """float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced
+    when the gradient is taken, after the model function and its precision context returned: they say so
+    themselves."""
+    return jax.default_matmul_precision("highest") if q.dtype == jnp.float32 else contextlib.nullcontext()
 
 
 def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
-    out, lse = _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k)
+    with _precision(q):
+        out, lse = _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k)
     return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
 
 
-flash_attention.defvjp(_flash_fwd, _backward)
+def _flash_bwd(causal, block_q, block_k, res, cotangents):
+    with _precision(res[0]):
+        return _backward(causal, block_q, block_k, res, cotangents)
+
+
+flash_attention.defvjp(_flash_fwd, _flash_bwd)
 
 
 def merge(out_a, lse_a, out_b, lse_b):

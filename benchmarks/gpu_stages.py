@@ -1,0 +1,408 @@
+"""The stages of the GPU suite (benchmarks/gpu_suite.py runs each in a process of its own) and their
+pure helpers. A stage is a function of the suite's plan (`gpu_suite.PLANS`) returning a JSON-able dict.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Shapes of the real Qwen2.5 checkpoints (tied embeddings), random weights: (vocab, hidden, mlp, layers, heads, kv).
+SHAPES = {"0.5B": (151936, 896, 4864, 24, 14, 2), "1.5B": (151936, 1536, 8960, 28, 12, 2),
+          "toy": (512, 64, 128, 2, 4, 2)}
+
+def model_size(name: str):
+    from common import ModelSize
+    v, h, m, layers, heads, kv = SHAPES[name]
+    return ModelSize(name, vocab_size=v, hidden_size=h, intermediate_size=m, num_layers=layers, num_heads=heads,
+                     num_kv_heads=kv, tie_word_embeddings=True)
+
+
+# ------------------------------------------------------------------------------ pure helpers (tested)
+def eos_set_for_median(mass, median: float, *, exclude=(0,)) -> list[int]:
+    """The smallest set of token ids whose mean next-token probability gives a geometric length with the
+    given median: per-step stop probability h = 1 - 2**(-1/median), and the ids are taken in order of
+    `mass` (mean probability of each id over many contexts, shape (V,)) closest to uniform first, so that
+    no single id dominates. Returns sorted ids, never one in `exclude` (the pad id)."""
+    import numpy as np
+    mass = np.asarray(mass, np.float64)
+    if median < 1:
+        raise ValueError(f"median must be >= 1 token, got {median}")
+    hazard = 1.0 - 2.0 ** (-1.0 / median)
+    order = [i for i in np.argsort(np.abs(mass - np.median(mass)), kind="stable") if i not in set(exclude)]
+    total = np.cumsum(mass[order])
+    k = int(np.searchsorted(total, hazard)) + 1
+    if k > len(order):
+        raise ValueError(f"no set of ids reaches a stop probability of {hazard:.3g} per step")
+    return sorted(int(i) for i in order[:k])
+
+
+def completion_lengths(tokens, stop_ids, cap: int):
+    """(rows,) lengths of completions (rows, T) ending at the first id of `stop_ids` (counted), else `cap`."""
+    import numpy as np
+    tokens = np.asarray(tokens)
+    hit = np.isin(tokens, np.asarray(sorted(stop_ids)))
+    first = np.where(hit.any(1), hit.argmax(1) + 1, min(cap, tokens.shape[1]))
+    return np.minimum(first, cap)
+
+
+def length_summary(lengths) -> dict:
+    import numpy as np
+    x = np.asarray(lengths)
+    return {"min": int(x.min()), "p10": float(np.percentile(x, 10)), "median": float(np.median(x)),
+            "p90": float(np.percentile(x, 90)), "max": int(x.max()), "mean": float(x.mean()), "sum": int(x.sum())}
+
+
+# ------------------------------------------------------------------------------------- stage helpers
+def timed(fn, repeats: int, sync) -> dict:
+    """First call (compilation, warm-up) and the median of `repeats` more, each synchronized by `sync`."""
+    import statistics
+    runs = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        sync(fn(i))
+        runs.append(time.perf_counter() - t0)
+    return {"first": runs[0], "median": statistics.median(runs[1:]), "runs": runs[1:]}
+
+
+def once(fn, sync) -> tuple[float, object]:
+    """(seconds, output) of one synchronized call."""
+    t0 = time.perf_counter()
+    out = sync(fn())
+    return time.perf_counter() - t0, out
+
+
+def matmul_peak(n: int, dtype, precision=None, repeats: int = 10) -> float:
+    """Best FLOP/s of a jitted n x n matmul on random data (never zeros: they run faster)."""
+    import jax
+    import jax.numpy as jnp
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
+    t = timed(lambda i: f(a, b), repeats, lambda x: x.block_until_ready())
+    return 2.0 * n ** 3 / min(t["runs"])
+
+
+def random_checkpoint(path: str, name: str, dtype: str, max_positions: int):
+    """A random checkpoint of shape `name` written by `save_hf` in `dtype`, loaded back: (config, params)."""
+    import jax
+    from mfu import save_random_checkpoint
+
+    from jaxrl_llm.models import load_hf
+    save_random_checkpoint(path, model_size(name), max_positions=max_positions)
+    jax.clear_caches()
+    return load_hf(path, dtype=dtype)
+
+
+def hf_model(path: str, torch_dtype: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, torch_dtype)).to(device).eval()
+
+
+def torch_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_sync(x):
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return x
+
+
+# ------------------------------------------------------------------------------------------- stages
+def stage_env(p) -> dict:
+    import flax
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import orbax.checkpoint
+    import transformers
+    out = {"device": jax.devices()[0].device_kind, "platform": jax.default_backend(),
+           "devices": jax.device_count(), "python": sys.version.split()[0],
+           "versions": {"jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__")
+                        else "", "flax": flax.__version__, "optax": optax.__version__,
+                        "orbax": getattr(orbax.checkpoint, "__version__", ""), "transformers": transformers.__version__}}
+    for name in ("torch", "trl", "datasets"):
+        try:
+            out["versions"][name] = __import__(name).__version__
+        except ImportError:
+            out["versions"][name] = "absent"
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        out["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out["nvidia_smi"] = "absent"
+    n = p["matmul_n"]
+    out["matmul_tflops"] = {"bfloat16": matmul_peak(n, jnp.bfloat16) / 1e12,
+                            "float32 (default precision)": matmul_peak(n // 2, jnp.float32) / 1e12,
+                            "float32 (highest)": matmul_peak(n // 2, jnp.float32, "highest") / 1e12}
+    from jaxrl_llm.metrics import peak_flops
+    out["datasheet_tflops"] = peak_flops(jax.devices()[0]) / 1e12
+    return out
+
+
+PYTEST = ["tests/test_models.py", "tests/test_sampling.py", "-k",
+          "transformers or trainer_logprobs or bfloat16 or chunked or remat or prompt_shared"]
+
+
+def run_pytest(budget: float) -> dict:
+    """The parity and sampler tests of tests/ on this device: a failure here is a GPU-only bug."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *PYTEST]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+    except subprocess.TimeoutExpired:
+        return {"status": f"timed out after {budget:.0f} s"}
+    summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {"returncode": proc.returncode, "summary": summary, "failed": failed[:20]}
+
+
+def parity(p, path: str, hf, config, device: str) -> dict:
+    """Max |logit difference| against transformers on the same card: float32 compute (the library's
+    'highest' matmuls), float32 at XLA's default precision (what it would be without them) and bfloat16."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from jaxrl_llm.models import forward, load_hf
+    rows, length = p["parity_rows"], p["parity_len"]
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, config.vocab_size, (rows, length)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    mask[1, : length // 3] = 0  # a left-padded row
+    with torch.no_grad():
+        ref = hf(input_ids=torch.as_tensor(tokens, dtype=torch.long, device=device),
+                 attention_mask=torch.as_tensor(mask, dtype=torch.long, device=device)).logits.float().cpu().numpy()
+    valid = mask.astype(bool)
+    scale = float(np.abs(ref[valid]).max())
+    out = {}
+    for label, compute, off in (("float32", "float32", False), ("float32 at XLA's default precision", "float32", True),
+                                ("bfloat16", "bfloat16", False)):
+        cfg, prm = load_hf(path, dtype=jnp.float32, compute_dtype=compute)
+        fn = jax.jit(lambda t, m: forward(cfg, prm, t, m))
+        # Traced afresh (the model's own jitted functions are cached by config, not by this override).
+        jax.clear_caches()
+        if off:  # the same program with the library's precision request overridden
+            import jaxrl_llm.models.precision as precision
+            keep, precision.matmul_precision = precision.matmul_precision, lambda c: jax.default_matmul_precision("default")
+            try:
+                ours = np.asarray(fn(tokens, mask), np.float32)
+            finally:
+                precision.matmul_precision = keep
+                jax.clear_caches()
+        else:
+            ours = np.asarray(fn(tokens, mask), np.float32)
+        diff = float(np.abs(ours - ref)[valid].max())
+        out[label] = {"max_abs": diff, "max_rel": diff / scale}
+    out["max_abs_logit"] = scale
+    out["rows_x_len"] = [rows, length]
+    return out
+
+
+def identity(p, path: str, dtype: str) -> float:
+    """Max |sampler log-prob - trainer log-prob| over a rollout, the model computing in `dtype`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from sampler import logp_gap
+
+    from jaxrl_llm.models import load_hf
+    from jaxrl_llm.sampling import generate
+    config, params = load_hf(path, dtype=jnp.float32, compute_dtype=dtype)
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(1, config.vocab_size, (p["identity_rows"], p["identity_prompt"])).astype(np.int32)
+    mask = np.ones_like(prompts)
+    mask[0, :2] = 0
+    rollout = generate(config, params, prompts, mask, jax.random.PRNGKey(0), max_new_tokens=p["identity_new"],
+                       eos_ids=[config.vocab_size - 1], pad_id=0)
+    return logp_gap(config, params, rollout)
+
+
+def stage_correctness(p, budget: float) -> dict:
+    from common import build_models
+    out = {}
+    if p["pytest"]:
+        out["pytest"] = run_pytest(min(budget / 3, 100))
+        out["pytest"]["tests"] = " ".join(PYTEST)
+    device = torch_device()
+    length = max(p["parity_len"], p["identity_prompt"] + p["identity_new"])
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, config, _ = build_models(tmp, model_size(p["parity"]), max_positions=length)
+        out["parity"] = parity(p, tmp, hf.to(device), config, device)
+        del hf
+        out["logp_identity"] = {dtype: identity(p, tmp, dtype) for dtype in ("float32", "bfloat16")}
+    return out
+
+
+def sample_size(p, name: str, device: str) -> dict:
+    """Ours against transformers on one model shape: every row to full length, then heavy-tailed lengths."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from jaxrl_llm.models import forward
+    from jaxrl_llm.sampling import generate
+    B, G, P, T = p["sampler_prompts"], p["sampler_group"], p["sampler_prompt"], p["sampler_new"]
+    out = {"rows": B * G, "prompts": B, "group": G, "prompt": P, "new": T}
+    with tempfile.TemporaryDirectory() as tmp:
+        config, params = random_checkpoint(tmp, name, "bfloat16", P + T)
+        hf = hf_model(tmp, "bfloat16", device)
+    out["params"] = config.num_params()
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, config.vocab_size, (B, P)).astype(np.int32)
+    mask = np.ones_like(prompts)
+    # Calibrate the stop set on the model's own next-token distributions over these prompts.
+    probs = jax.jit(lambda t, m: jax.nn.softmax(forward(config, params, t, m).astype(jnp.float32), -1).mean((0, 1)))
+    eos_set = eos_set_for_median(np.asarray(probs(prompts[:4], mask[:4])), T / 5)
+    out["eos_set_size"] = len(eos_set)
+    sync_j = lambda r: (r.tokens.block_until_ready(), r)[1]
+
+    def ours(stop):
+        return lambda i: generate(config, params, prompts, mask, jax.random.PRNGKey(i), max_new_tokens=T,
+                                  num_samples=G, eos_ids=stop, pad_id=0)
+
+    def theirs(stop, fixed, new):
+        def run(i):
+            torch.manual_seed(i)
+            with torch.inference_mode():
+                return hf.generate(input_ids=torch.as_tensor(prompts, dtype=torch.long, device=device),
+                                   attention_mask=torch.as_tensor(mask, dtype=torch.long, device=device),
+                                   do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
+                                   min_new_tokens=new if fixed else 0, num_return_sequences=G, pad_token_id=0,
+                                   eos_token_id=list(stop))
+        return run
+
+    theirs([config.vocab_size - 1], False, 4)(0)  # CUDA, cuBLAS and the generate loop warmed up, untimed
+    for label, stop, fixed in (("full length", [config.vocab_size - 1], True), ("heavy-tailed", eos_set, False)):
+        t0 = time.perf_counter()
+        sync_j(ours(stop)(0))  # compilation (eos_ids are static) + a first run
+        compile_s = time.perf_counter() - t0
+        t_ours, rollout = once(lambda: ours(stop)(1), sync_j)
+        t_hf, hf_out = once(lambda: theirs(stop, fixed, T)(1), torch_sync)
+        lengths_ours = np.asarray(rollout.lengths)
+        hf_new = hf_out.cpu().numpy()[:, P:]
+        lengths_hf = np.full(len(hf_new), T) if fixed else completion_lengths(hf_new, stop, T)
+        if fixed and (lengths_ours.max() != T or hf_new.shape[1] != T):
+            raise RuntimeError(f"a full-length run stopped early: ours {lengths_ours.max()}, HF {hf_new.shape[1]} of {T}")
+        useful_ours, useful_hf = int(lengths_ours.sum()), int(lengths_hf.sum())
+        out[label] = {"ours_s": t_ours, "ours_compile_s": max(compile_s - t_ours, 0.0), "hf_s": t_hf,
+                      "ours_useful_tps": useful_ours / t_ours, "hf_useful_tps": useful_hf / t_hf,
+                      "ratio": (useful_ours / t_ours) / (useful_hf / t_hf),
+                      "lengths_ours": length_summary(lengths_ours), "lengths_hf": length_summary(lengths_hf)}
+    return out
+
+
+def stage_sampler(p) -> dict:
+    import gc
+
+    import torch
+    device, out = torch_device(), {}
+    for name in p["sampler_sizes"]:
+        out[name] = sample_size(p, name, device)
+        gc.collect()  # the last size's models, before the next size's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
+def stage_update(p) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from mfu import build_trainer, measure_update, update_flops
+
+    from jaxrl_llm.metrics import peak_flops
+    on_cpu = jax.default_backend() == "cpu"
+    dtype = "float32" if on_cpu else "bfloat16"
+    measured = matmul_peak(p["matmul_n"], jnp.dtype(dtype))
+    datasheet = peak_flops(jax.devices()[0])
+    out = {"dtype": dtype, "measured_peak_tflops": measured / 1e12, "datasheet_tflops": datasheet / 1e12, "runs": []}
+    for B, G, P, T in p["update_shapes"]:
+        with tempfile.TemporaryDirectory(prefix="gpu-suite-update-") as ws:
+            trainer = build_trainer(ws, model_size(p["update_size"]), batch=B, group=G, prompt_len=P, new_tokens=T,
+                                    compute_dtype=dtype, remat="full", logits_chunk=128)
+            mc = trainer.mc
+            timing, _ = measure_update(trainer, repeats=p["update_repeats"])
+            del trainer
+        useful = update_flops(mc, B, G, P, T, logits_chunk=128, remat="full")["useful"]
+        achieved = useful / timing.median
+        out["runs"].append({"shape": [B, G, P, T], "sequence": P + T, "tokens": B * G * T, "seconds": timing.median,
+                            "compile_s": timing.warmup, "tflops": achieved / 1e12, "mfu_datasheet": achieved / datasheet,
+                            "mfu_measured": achieved / measured})
+    out["params"] = mc.num_params()
+    return out
+
+
+def stage_grpo(p) -> dict:
+    import importlib.util
+
+    import grpo_iteration
+    import jax
+    frameworks = "ours,trl" if importlib.util.find_spec("trl") else "ours"
+    device = "cpu" if jax.default_backend() == "cpu" else "cuda"
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    args = [*p["grpo"], "--frameworks", frameworks, "--device", device, "--dtype", dtype,
+            "--trl-python", sys.executable, "--trl-threads", str(os.cpu_count())]
+    out = grpo_iteration.main(args)
+    out["args"] = args
+    if frameworks == "ours":
+        out["lines"].append("TRL: not installed in this environment")
+    return out
+
+
+def stage_memory(p) -> dict:
+    import jax
+    from memory_plan import model_config, plan_one, run_config
+    from mfu import build_trainer, update_batch
+
+    m = p["memory"]
+    on_cpu = jax.default_backend() == "cpu"
+    dtype = "float32" if on_cpu else "bfloat16"
+    plan_args = ["--meshes", "1x1x1", "--batch_prompts", str(m["batch"]), "--group_size", str(m["group"]),
+                 "--prompt_length", str(m["prompt"]), "--new_tokens", str(m["new"]), "--grad_accum",
+                 str(m["grad_accum"]), "--param_dtype", dtype, "--compute_dtype", dtype, "--remat", "full"]
+    plan_args += ["--toy"] if m["size"] == "toy" else ["--model", "qwen2.5-1.5b"]
+    out = {"run": dict(m, dtype=dtype)}
+    with tempfile.TemporaryDirectory() as tmp:  # the documented plan: compiled for CPU devices
+        path = os.path.join(tmp, "plan.json")
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "memory_plan.py"), *plan_args, "--json", path],
+                              capture_output=True, text=True, env=env, timeout=600)
+        if proc.returncode:
+            raise RuntimeError(f"memory_plan.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+        with open(path) as f:
+            out["plan_cpu"] = json.load(f)[0]
+    import memory_plan
+    args = memory_plan.parse_args(plan_args)
+    if m["size"] == "toy":  # --toy changes the run; keep the suite's
+        args.batch_prompts, args.group_size, args.prompt_length, args.new_tokens = (m["batch"], m["group"],
+                                                                                    m["prompt"], m["new"])
+    c = run_config(args, m["grad_accum"])
+    out["plan_device"] = plan_one(c, model_config(args), (1, 1, 1), jax.devices())
+    with tempfile.TemporaryDirectory(prefix="gpu-suite-memory-") as ws:
+        trainer = build_trainer(ws, model_size(m["size"]), batch=m["batch"], group=m["group"], prompt_len=m["prompt"],
+                                new_tokens=m["new"], compute_dtype=dtype, param_dtype=dtype, remat="full",
+                                grad_accum=m["grad_accum"])
+        import jax.numpy as jnp
+        b = update_batch(trainer, trainer.state)
+        t0 = time.perf_counter()
+        state, metrics = trainer.fns.update(trainer.state, b, jnp.arange(m["batch"]))
+        jax.block_until_ready(state.params)
+        out["update_s_with_compile"] = time.perf_counter() - t0
+        stats = jax.devices()[0].memory_stats() or {}
+        out["measured_peak_bytes"] = stats.get("peak_bytes_in_use")
+        out["device_bytes_limit"] = stats.get("bytes_limit")
+        out["loss_finite"] = bool(jnp.isfinite(metrics["loss"])) if "loss" in metrics else None
+        trainer.ckpt.close()
+        trainer.writer.close()
+    return out

@@ -150,8 +150,8 @@ def stage_env(p) -> dict:
     return out
 
 
-PYTEST = ["tests/test_models.py", "tests/test_sampling.py", "-k",
-          "transformers or trainer_logprobs or bfloat16 or chunked or remat or prompt_shared"]
+PYTEST = ["tests/test_models.py", "tests/test_sampling.py", "tests/test_precision.py", "-k",
+          "transformers or trainer_logprobs or bfloat16 or precision"]
 
 
 def run_pytest(budget: float) -> dict:
@@ -166,15 +166,14 @@ def run_pytest(budget: float) -> dict:
     return {"returncode": proc.returncode, "summary": summary, "failed": failed[:20]}
 
 
-def parity(p, path: str, hf, config, device: str) -> dict:
+def parity(p, hf, config, params, device: str) -> dict:
     """Max |logit difference| against transformers on the same card: float32 compute (the library's
     'highest' matmuls), float32 at XLA's default precision (what it would be without them) and bfloat16."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import torch
 
-    from jaxrl_llm.models import forward, load_hf
+    from jaxrl_llm.models import forward
     rows, length = p["parity_rows"], p["parity_len"]
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, config.vocab_size, (rows, length)).astype(np.int32)
@@ -188,8 +187,8 @@ def parity(p, path: str, hf, config, device: str) -> dict:
     out = {}
     for label, compute, off in (("float32", "float32", False), ("float32 at XLA's default precision", "float32", True),
                                 ("bfloat16", "bfloat16", False)):
-        cfg, prm = load_hf(path, dtype=jnp.float32, compute_dtype=compute)
-        fn = jax.jit(lambda t, m: forward(cfg, prm, t, m))
+        cfg = config.replace(dtype=compute)  # float32 parameters either way, as load_hf(compute_dtype=...)
+        fn = jax.jit(lambda t, m: forward(cfg, params, t, m))
         # Traced afresh (the model's own jitted functions are cached by config, not by this override).
         jax.clear_caches()
         if off:  # the same program with the library's precision request overridden
@@ -209,16 +208,14 @@ def parity(p, path: str, hf, config, device: str) -> dict:
     return out
 
 
-def identity(p, path: str, dtype: str) -> float:
+def identity(p, config, params, dtype: str) -> float:
     """Max |sampler log-prob - trainer log-prob| over a rollout, the model computing in `dtype`."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from sampler import logp_gap
 
-    from jaxrl_llm.models import load_hf
     from jaxrl_llm.sampling import generate
-    config, params = load_hf(path, dtype=jnp.float32, compute_dtype=dtype)
+    config = config.replace(dtype=dtype)
     rng = np.random.default_rng(1)
     prompts = rng.integers(1, config.vocab_size, (p["identity_rows"], p["identity_prompt"])).astype(np.int32)
     mask = np.ones_like(prompts)
@@ -237,10 +234,10 @@ def stage_correctness(p, budget: float) -> dict:
     device = torch_device()
     length = max(p["parity_len"], p["identity_prompt"] + p["identity_new"])
     with tempfile.TemporaryDirectory() as tmp:
-        hf, config, _ = build_models(tmp, model_size(p["parity"]), max_positions=length)
-        out["parity"] = parity(p, tmp, hf.to(device), config, device)
-        del hf
-        out["logp_identity"] = {dtype: identity(p, tmp, dtype) for dtype in ("float32", "bfloat16")}
+        hf, config, params = build_models(tmp, model_size(p["parity"]), max_positions=length)
+    out["parity"] = parity(p, hf.to(device), config, params, device)
+    del hf
+    out["logp_identity"] = {dtype: identity(p, config, params, dtype) for dtype in ("float32", "bfloat16")}
     return out
 
 

@@ -7,8 +7,8 @@ import copy
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from fixtures_hf import hf_logits, make_hf_model
+
 from jaxrl_llm.models import forward, load_hf
 from jaxrl_llm.models.config import config_from_hf_dict
 from jaxrl_llm.models.transformer import rope_cos_sin

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# benchmarks/gpu_suite.py on a GPU machine that cannot reach a package registry: the wheels carried in .whl/
-# (TRL, datasets and what the image lacks; see docs/benchmarks.md) go to /tmp/site first. Results, the
-# markdown report and the log go to $OUT (the device tool's output folder), else ./gpu-suite-out.
+# benchmarks/gpu_suite.py on a GPU machine that cannot reach a package registry: the wheels carried in
+# .whl/ (TRL, datasets and what the image lacks: benchmarks/gpu_wheels.txt says how to fetch them) go to
+# /tmp/site first. Results, the markdown report and the log go to $OUT (the device tool's output folder),
+# else ./gpu-suite-out.
 # Extra arguments go to the suite (e.g. --stages env,correctness or --dry-run).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,12 +7,13 @@ first use, so that `jaxrl_llm.data.config` (what configs need) loads without `da
 import importlib
 
 _EXPORTS = {
-    "GLOBAL_MAX_PROMPT_LENGTH": "iterator",
+    "GLOBAL_MAX_PROMPT_LENGTH": "config",
     "PromptIterator": "iterator",
     "iterator_from_config": "iterator",
     "PROMPT_IDS": "config",
     "PROMPT_TEXT": "config",
     "PROMPT_USER": "config",
+    "reward_columns": "config",
     "default_data_config": "config",
     "validate_data_config": "config",
     "load_prompt_dataset": "loading",

@@ -13,6 +13,16 @@ PROMPT_TEXT = "prompt_text"
 PROMPT_IDS = "prompt_ids"
 PROMPT_USER = "prompt_user"  # the user's prompt before any chat template (what reward models should see)
 _RESERVED = (PROMPT_TEXT, PROMPT_IDS, PROMPT_USER)
+# The longest prompt of the whole global batch (a batch key), so that every host pads to the same bucket.
+GLOBAL_MAX_PROMPT_LENGTH = "global_max_prompt_length"
+# What reward functions never receive as a column: token ids, the internal user prompt (they get it as
+# `prompts`) and the batch's padding length. Every other column reaches them, in training and evaluation.
+NOT_REWARD_COLUMNS = (PROMPT_IDS, PROMPT_USER, GLOBAL_MAX_PROMPT_LENGTH)
+
+
+def reward_columns(names) -> list[str]:
+    """The column names of a prompt dataset or batch that reward functions receive."""
+    return [n for n in names if n not in NOT_REWARD_COLUMNS]
 
 
 def default_data_config() -> ml_collections.ConfigDict:

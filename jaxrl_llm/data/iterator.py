@@ -19,10 +19,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from jaxrl_llm.data.config import PROMPT_IDS, PROMPT_TEXT
-
-# The longest prompt of the whole global batch, so that every host pads to the same bucket.
-GLOBAL_MAX_PROMPT_LENGTH = "global_max_prompt_length"
+from jaxrl_llm.data.config import GLOBAL_MAX_PROMPT_LENGTH, PROMPT_IDS, PROMPT_TEXT
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

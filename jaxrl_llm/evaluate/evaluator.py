@@ -23,13 +23,12 @@ import numpy as np
 
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import sharding
-from jaxrl_llm.data import bucket_length, left_pad
+from jaxrl_llm.data import bucket_length, left_pad, reward_columns
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
 from jaxrl_llm.rewards import TrainerState, check_reward_parameters, compute_rewards, generation_fields
 from jaxrl_llm.sampling import generate
 
 EVAL_STREAM = 0x6576616C  # "eval": the evaluation's random numbers, apart from every training stream
-_NOT_COLUMNS = ("prompt_user", "prompt_ids")  # every other column reaches the rewards, as in training
 
 
 def eval_samples(c) -> int:
@@ -99,7 +98,7 @@ class Evaluator:
     def __init__(self, c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id, dataset):
         self.c, self.mc, self.mesh, self.tokenizer = c, mc, mesh, tokenizer
         self.reward_fns, self.eos_ids, self.pad_id = reward_fns, tuple(eos_ids), pad_id
-        check_reward_parameters(reward_fns, [col for col in dataset.column_names if col not in _NOT_COLUMNS])
+        check_reward_parameters(reward_fns, reward_columns(dataset.column_names))
         self.rows = dataset.with_format(None)[:]  # column -> list, read once
         self.num_prompts = len(dataset)
         self.k = eval_samples(c)
@@ -147,7 +146,7 @@ class Evaluator:
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)
         prompts = [p for p in batch["prompt_user"] for _ in range(k)]
-        columns = {col: [v for v in vals for _ in range(k)] for col, vals in batch.items() if col not in _NOT_COLUMNS}
+        columns = {col: [v for v in batch[col] for _ in range(k)] for col in reward_columns(batch)}
         columns.update(generation_fields(out, lengths, truncated, c.rollout.max_new_tokens,
                                          TrainerState(step, c.total_steps)))
         scores, _ = compute_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)

@@ -36,6 +36,7 @@ from jaxrl_llm import evaluate
 from jaxrl_llm import faults, fs, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
+from jaxrl_llm.data.config import reward_columns
 from jaxrl_llm.models import save_hf
 from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
@@ -84,7 +85,7 @@ class Trainer:
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
-        check_reward_parameters(self.reward_fns, setup.reward_columns(dataset))
+        check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
         eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
         self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import faults, rl, sharding
-from jaxrl_llm.data import pad_prompt_batch
+from jaxrl_llm.data import pad_prompt_batch, reward_columns
 from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate
 
@@ -86,8 +86,7 @@ class Rollouts:
         # Rewards see the user's prompt (a reward model applies its own chat template); the rendered
         # prompt is the `prompt_text` column.
         prompts = [p for p in batch["prompt_user"] for _ in range(G)]
-        skip = {"prompt_user", "prompt_ids", "global_max_prompt_length"}
-        columns = {k: [v for v in vals for _ in range(G)] for k, vals in batch.items() if k not in skip}
+        columns = {k: [v for v in batch[k] for _ in range(G)] for k in reward_columns(batch)}
         columns.update(generation_fields(local["tokens"], local["lengths"], local["truncated"],
                                          self.c.rollout.max_new_tokens, TrainerState(step, self.c.total_steps)))
         return prompts, completions, columns

@@ -186,11 +186,6 @@ def build_rewards(c, mesh, callables: Sequence[Callable[..., Any]] = ()) -> list
     return out
 
 
-def reward_columns(dataset) -> list[str]:
-    """The dataset columns the reward functions receive (the prompt ids and the internal user prompt are not)."""
-    return [c for c in dataset.column_names if c not in ("prompt_ids", "prompt_user")]
-
-
 def reward_name(fn: Callable[..., Any]) -> str:
     """How the config records a reward passed as a callable: its import path `module:qualname`."""
     return f"{getattr(fn, '__module__', None) or 'callable'}:{getattr(fn, '__qualname__', type(fn).__name__)}"

@@ -198,11 +198,11 @@ def parity(p, hf, config, params, device: str) -> dict:
         jax.clear_caches()
         if off:  # the same program with the library's precision request overridden
             import jaxrl_llm.models.precision as precision
-            keep, precision.matmul_precision = precision.matmul_precision, lambda c: jax.default_matmul_precision("default")
+            keep, precision.precision_for = precision.precision_for, lambda d: jax.default_matmul_precision("default")
             try:
                 ours = np.asarray(fn(tokens, mask), np.float32)
             finally:
-                precision.matmul_precision = keep
+                precision.precision_for = keep
                 jax.clear_caches()
         else:
             ours = np.asarray(fn(tokens, mask), np.float32)

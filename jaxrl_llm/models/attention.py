@@ -16,12 +16,13 @@ sequence its own id (positions are RoPE's business, supplied separately). A quer
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxrl_llm.models import precision
 
 EMPTY_LSE = float(np.finfo(np.float32).min)  # log-sum-exp of a query that sees no key
 _NEG = EMPTY_LSE  # masked score: finite, so that max/exp of an all-masked tile stays finite
@@ -172,25 +173,20 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q
     is clamped to it. Returns (out (N,S,H,hd) in q.dtype, lse (N,S,H) float32): both differentiable;
     a query that sees no key gets out = 0 and lse = EMPTY_LSE.
     """
-    with _precision(q):
+    with precision.precision_for(q.dtype):
         return _forward(q, k, v, q_segment_ids, kv_segment_ids, causal, block_q, block_k)
 
 
-def _precision(q):
-    """float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced
-    when the gradient is taken, after the model function and its precision context returned: they say so
-    themselves."""
-    return jax.default_matmul_precision("highest") if q.dtype == jnp.float32 else contextlib.nullcontext()
-
-
+# float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced when the
+# gradient is taken, after the model function and its precision context returned: they say so themselves.
 def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
-    with _precision(q):
+    with precision.precision_for(q.dtype):
         out, lse = _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k)
     return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
 
 
 def _flash_bwd(causal, block_q, block_k, res, cotangents):
-    with _precision(res[0]):
+    with precision.precision_for(res[0].dtype):
         return _backward(causal, block_q, block_k, res, cotangents)
 
 

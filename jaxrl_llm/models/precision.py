@@ -13,13 +13,19 @@ import contextlib
 import functools
 
 import jax
+import jax.numpy as jnp
+
+
+def precision_for(dtype):
+    """The context to trace matmuls of `dtype` operands in: 'highest' for float32, else the caller's."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return jax.default_matmul_precision("highest")
+    return contextlib.nullcontext()
 
 
 def matmul_precision(config):
-    """The context to trace `config`'s matmuls in: 'highest' for float32 compute, else the caller's."""
-    if config.dtype == "float32":
-        return jax.default_matmul_precision("highest")
-    return contextlib.nullcontext()
+    """The context to trace `config`'s matmuls in: that of its compute dtype."""
+    return precision_for(config.dtype)
 
 
 def precise(fn):

@@ -103,12 +103,13 @@ def time_interleaved(fns: dict[str, Callable[[int], Any]], *, repeats: int, warm
     return {name: Timing(first=first[name], runs=tuple(runs[name])) for name in fns}
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
-    """Measured FLOP/s of a jitted n x n float32 matmul (2 n^3 FLOPs) on the default device: the roofline's
-    compute peak on this machine, in the same process and thread settings as the benchmark."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    matmul = jax.jit(jnp.dot)
+def matmul_peak_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32, precision=None) -> float:
+    """Measured FLOP/s of a jitted n x n matmul (2 n^3 FLOPs) of `dtype` on the default device, on random
+    data (zeros run faster), at `precision` (None: XLA's default): the roofline's compute peak on this
+    machine, in the same process and thread settings as the benchmark."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
     timing = time_fn(lambda i: matmul(a, b), repeats=repeats, warmup=2)
     return 2.0 * n ** 3 / min(timing.runs)  # best run: the peak, not the load of a shared machine
 

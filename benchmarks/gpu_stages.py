@@ -59,33 +59,11 @@ def length_summary(lengths) -> dict:
 
 
 # ------------------------------------------------------------------------------------- stage helpers
-def timed(fn, repeats: int, sync) -> dict:
-    """First call (compilation, warm-up) and the median of `repeats` more, each synchronized by `sync`."""
-    import statistics
-    runs = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        sync(fn(i))
-        runs.append(time.perf_counter() - t0)
-    return {"first": runs[0], "median": statistics.median(runs[1:]), "runs": runs[1:]}
-
-
 def once(fn, sync) -> tuple[float, object]:
     """(seconds, output) of one synchronized call."""
     t0 = time.perf_counter()
     out = sync(fn())
     return time.perf_counter() - t0, out
-
-
-def matmul_peak(n: int, dtype, precision=None, repeats: int = 10) -> float:
-    """Best FLOP/s of a jitted n x n matmul on random data (never zeros: they run faster)."""
-    import jax
-    import jax.numpy as jnp
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
-    t = timed(lambda i: f(a, b), repeats, lambda x: x.block_until_ready())
-    return 2.0 * n ** 3 / min(t["runs"])
 
 
 def random_checkpoint(path: str, name: str, dtype: str, max_positions: int):
@@ -119,6 +97,7 @@ def torch_sync(x):
 
 # ------------------------------------------------------------------------------------------- stages
 def stage_env(p) -> dict:
+    from common import matmul_peak_flops
     import flax
     import jax
     import jax.numpy as jnp
@@ -142,9 +121,9 @@ def stage_env(p) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         out["nvidia_smi"] = "absent"
     n = p["matmul_n"]
-    out["matmul_tflops"] = {"bfloat16": matmul_peak(n, jnp.bfloat16) / 1e12,
-                            "float32 (default precision)": matmul_peak(n // 2, jnp.float32) / 1e12,
-                            "float32 (highest)": matmul_peak(n // 2, jnp.float32, "highest") / 1e12}
+    out["matmul_tflops"] = {"bfloat16": matmul_peak_flops(n, dtype=jnp.bfloat16) / 1e12,
+                            "float32 (default precision)": matmul_peak_flops(n // 2) / 1e12,
+                            "float32 (highest)": matmul_peak_flops(n // 2, precision="highest") / 1e12}
     from jaxrl_llm.metrics import peak_flops
     out["datasheet_tflops"] = peak_flops(jax.devices()[0]) / 1e12
     return out
@@ -319,6 +298,7 @@ def stage_sampler(p) -> dict:
 
 
 def stage_update(p) -> dict:
+    from common import matmul_peak_flops
     import jax
     import jax.numpy as jnp
     from mfu import build_trainer, measure_update, update_flops
@@ -326,7 +306,7 @@ def stage_update(p) -> dict:
     from jaxrl_llm.metrics import peak_flops
     on_cpu = jax.default_backend() == "cpu"
     dtype = "float32" if on_cpu else "bfloat16"
-    measured = matmul_peak(p["matmul_n"], jnp.dtype(dtype))
+    measured = matmul_peak_flops(p["matmul_n"], dtype=jnp.dtype(dtype))
     datasheet = peak_flops(jax.devices()[0])
     out = {"dtype": dtype, "measured_peak_tflops": measured / 1e12, "datasheet_tflops": datasheet / 1e12, "runs": []}
     for B, G, P, T in p["update_shapes"]:
@@ -364,7 +344,8 @@ def stage_grpo(p) -> dict:
 
 def stage_memory(p) -> dict:
     import jax
-    from memory_plan import model_config, plan_one, run_config
+    import jax.numpy as jnp
+    import memory_plan
     from mfu import build_trainer, update_batch
 
     m = p["memory"]
@@ -373,7 +354,7 @@ def stage_memory(p) -> dict:
     plan_args = ["--meshes", "1x1x1", "--batch_prompts", str(m["batch"]), "--group_size", str(m["group"]),
                  "--prompt_length", str(m["prompt"]), "--new_tokens", str(m["new"]), "--grad_accum",
                  str(m["grad_accum"]), "--param_dtype", dtype, "--compute_dtype", dtype, "--remat", "full"]
-    plan_args += ["--toy"] if m["size"] == "toy" else ["--model", "qwen2.5-1.5b"]
+    plan_args += ["--model", {"toy": "toy", "1.5B": "qwen2.5-1.5b"}[m["size"]]]
     out = {"run": dict(m, dtype=dtype)}
     with tempfile.TemporaryDirectory() as tmp:  # the documented plan: compiled for CPU devices
         path = os.path.join(tmp, "plan.json")
@@ -384,18 +365,13 @@ def stage_memory(p) -> dict:
             raise RuntimeError(f"memory_plan.py failed: {proc.stderr.strip().splitlines()[-1:]}")
         with open(path) as f:
             out["plan_cpu"] = json.load(f)[0]
-    import memory_plan
-    args = memory_plan.parse_args(plan_args)
-    if m["size"] == "toy":  # --toy changes the run; keep the suite's
-        args.batch_prompts, args.group_size, args.prompt_length, args.new_tokens = (m["batch"], m["group"],
-                                                                                    m["prompt"], m["new"])
-    c = run_config(args, m["grad_accum"])
-    out["plan_device"] = plan_one(c, model_config(args), (1, 1, 1), jax.devices())
+    args = memory_plan.parse_args(plan_args)  # the same plan, compiled for this device
+    c = memory_plan.run_config(args, m["grad_accum"])
+    out["plan_device"] = memory_plan.plan_one(c, memory_plan.model_config(args), (1, 1, 1), jax.devices())
     with tempfile.TemporaryDirectory(prefix="gpu-suite-memory-") as ws:
         trainer = build_trainer(ws, model_size(m["size"]), batch=m["batch"], group=m["group"], prompt_len=m["prompt"],
                                 new_tokens=m["new"], compute_dtype=dtype, param_dtype=dtype, remat="full",
                                 grad_accum=m["grad_accum"])
-        import jax.numpy as jnp
         b = update_batch(trainer, trainer.state)
         t0 = time.perf_counter()
         state, metrics = trainer.fns.update(trainer.state, b, jnp.arange(m["batch"]))

@@ -43,13 +43,13 @@ QWEN25_7B = {
 # config.json of Qwen/Qwen2.5-1.5B: the model of the GPU suite's measured step (benchmarks/gpu_suite.py).
 QWEN25_1_5B = dict(QWEN25_7B, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                    num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
-MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B}
 TOY = {
     "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
     "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": False,
     "hidden_act": "silu", "eos_token_id": 1,
 }
+MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "toy": TOY}
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 
@@ -75,6 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default="", help="also write the per-chip bytes of every mesh to this JSON file")
     args = p.parse_args(argv)
     if args.toy:
+        args.model = "toy"
         args.batch_prompts, args.group_size, args.prompt_length, args.new_tokens = 4, 2, 8, 8
         args.param_dtype = args.compute_dtype = "float32"
         if args.meshes == DEFAULT_MESHES:
@@ -112,7 +113,7 @@ def run_config(args, grad_accum: int):
 
 def model_config(args):
     from jaxrl_llm.models.config import config_from_hf_dict
-    return config_from_hf_dict(TOY if args.toy else MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
+    return config_from_hf_dict(MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
                                dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk)
 
 
@@ -260,12 +261,12 @@ def main(argv=None):
               file=sys.stderr, flush=True)
         c = run_config(args, grad_accum_for(args, mesh))
         results.append((mesh, {"grad_accum": c.train.grad_accum, **plan_one(c, mc, mesh, devices)}))
-    headers, rows = table(results, unit=2 ** 20 if args.toy else GIB)
-    name = "toy model" if args.toy else args.model.replace("qwen", "Qwen").replace("b", "B")
+    headers, rows = table(results, unit=2 ** 20 if args.model == "toy" else GIB)
+    name = "toy model" if args.model == "toy" else args.model.replace("qwen", "Qwen").replace("b", "B")
     title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
              f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
              f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}; "
-             f"{'MiB' if args.toy else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
+             f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
     text = f"{title}\n\n{markdown_table(headers, rows)}\n"
     print(text)
     if args.out:

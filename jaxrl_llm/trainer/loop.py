@@ -232,9 +232,7 @@ class Trainer:
                         self._stop(state, reason)
             finally:
                 progress.close()
-            self.state = state
-            if self.ckpt.latest_step() != int(state.step):
-                self.save(state, force=True)
+            self._commit(state)
             self.ckpt.wait()
             self.writer.flush()
             self.finish()
@@ -243,11 +241,15 @@ class Trainer:
                                    time.perf_counter() - t0), flush=True)
         return history
 
-    def _stop(self, state, reason: str) -> None:
-        """Commits a checkpoint of `state` (awaited: the process may exit next), then raises Preempted."""
+    def _commit(self, state) -> None:
+        """`state` becomes the trainer's and is checkpointed, unless its step already is."""
         self.state = state
         if self.ckpt.latest_step() != int(state.step):
             self.save(state, force=True)
+
+    def _stop(self, state, reason: str) -> None:
+        """Commits a checkpoint of `state` (awaited: the process may exit next), then raises Preempted."""
+        self._commit(state)
         self.ckpt.close()  # waits for the write to commit
         self.writer.close()
         raise Preempted(reason, int(state.step), self.c.total_steps, str(self.workdir))

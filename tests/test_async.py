@@ -8,6 +8,8 @@ synchronous loop. Crash/resume and the split mesh run the CLI in subprocesses (t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import os
 import threading
 import time
@@ -32,13 +34,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 def small(k: int, **overrides):
     """tests/fixtures_reliability.py's small config (configs/tiny.py shrunk) with staleness k."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tiny_config", os.path.join(fr.ROOT, "configs", "tiny.py"))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
     values = {**fr.SMALL, "total_steps": STEPS, "checkpoint.async_save": False, "rollout.max_staleness": k,
               **overrides}
-    return config_lib.from_dict(values, base=tiny.get_config())
+    return config_lib.from_dict(values, base=tiny_config().get_config())
+
+
+def tiny_config():
+    """configs/tiny.py as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_config", os.path.join(fr.ROOT, "configs", "tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def reference_history(c, workdir) -> tuple[list[dict], list]:
@@ -252,3 +259,31 @@ def test_device_split_errors():
     with pytest.raises(ValueError, match=r"batch_prompts=4 must be divisible by mesh.rollout_devices=3"):
         ar.split_devices(c, list(jax.devices()) * 4)
     assert ar.split_devices(config_lib.prepare(small(1)), jax.devices()) == (list(jax.devices()), None)
+
+
+# ====================================================================================== learning
+def test_k1_and_k2_learn_the_default_task_to_the_synchronous_bar(tmp_path):
+    """configs/tiny.py (GRPO, 800 steps) with k = 1 and 2: the mean reward of the last 10% of steps
+    reaches the initial one plus half the headroom to 1.0, the bar of benchmarks/tiny_curves.py
+    (docs/algorithms/async.md has the curves beside k = 0's)."""
+    for k in (1, 2):
+        c = tiny_config().get_config("algo=grpo")
+        c.rollout.max_staleness = k
+        c.log.progress, c.log.tensorboard, c.export.at_end, c.export.plot = False, False, False, False
+        c.eval.every_steps, c.checkpoint.every_steps = 0, 10_000
+        r = np.array([h["reward/mean"] for h in Trainer(c, str(tmp_path / f"k{k}")).run()])
+        init, final = r[:10].mean(), r[-len(r) // 10:].mean()
+        print(f"k={k}: initial {init:.3f}, final {final:.3f}")
+        assert final >= init + (1 - init) / 2, (k, init, final)
+
+
+def test_benchmark_script_runs_at_toy_size(compile_cache, tmp_path):
+    out = tmp_path / "bench.md"
+    env = fr.cli_env(compile_cache, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, os.path.join(fr.ROOT, "benchmarks", "async_rollout.py"), "--toy",
+                              "--steps", "3", "--out", str(out)], capture_output=True, text=True, env=env, cwd=fr.ROOT,
+                             timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    block = out.read_text().split("<!-- async-timeline:begin -->")[1].split("<!-- async-timeline:end -->")[0]
+    rows = [line for line in block.splitlines() if line.startswith("| sync |") or line.startswith("| async |")]
+    assert len(rows) == 2 and "ideal overlap speed-up" in block

@@ -156,6 +156,31 @@ def test_kill_and_resume_with_k2_is_exact(k2_run, compile_cache, tmp_path):
     assert fr.without_perf(fr.read_jsonl(wd / "metrics.jsonl")) == run
 
 
+def test_sigint_while_sampling_ahead_stops_cleanly_and_resumes_exactly(k2_run, tmp_path):
+    """Ctrl-C while the batch of the fourth step is scored (sampled ahead at the start of the second): that step
+    finishes, its checkpoint (the batches of the third and fourth steps in flight) is committed, `Preempted` is
+    raised; a new Trainer resumes and ends as the straight run."""
+    import signal
+
+    import fixtures_rewards
+    from jaxrl_llm.preemption import Preempted
+    calls = []
+
+    def digit_fraction(prompts, completions, **kw):
+        calls.append(1)
+        if len(calls) == 4:  # batches 0, 1, 2 at the first step, 3 at the second
+            os.kill(os.getpid(), signal.SIGINT)
+        return fixtures_rewards.digit_fraction(prompts, completions, **kw)
+
+    wd = str(tmp_path / "run")
+    with pytest.raises(Preempted) as info:
+        Trainer(small(2), wd, rewards=[digit_fraction]).run()
+    assert info.value.step == 2 and fr.committed_steps(wd) == [1, 2]
+    rest = Trainer(small(2), wd, rewards=[digit_fraction]).run()
+    assert fr.without_perf(fr.read_jsonl(os.path.join(wd, "metrics.jsonl"))) == k2_run[0]
+    assert [m["step"] for m in rest] == [3.0, 4.0, 5.0]
+
+
 # ================================================================================ the split mesh
 @pytest.fixture(scope="module")
 def split_mesh_runs(tmp_path_factory, compile_cache):

@@ -200,7 +200,11 @@ def from_json(d: dict) -> Produced:
 
 # ------------------------------------------------------------------------------------------ building
 def split_devices(c, devices=None):
-    """(training devices, rollout devices or None): the last `mesh.rollout_devices` sample."""
+    """(training devices, rollout devices or None): the last `mesh.rollout_devices` sample. Refuses
+    what the producers do not support: several processes."""
+    if c.rollout.max_staleness and jax.process_count() > 1:  # each host's rows in flight would need gathering
+        raise ValueError("config.rollout.max_staleness >= 1 needs a single process for now (the batches in flight "
+                         "are checkpointed per host); set it to 0")
     devices = list(jax.devices() if devices is None else devices)
     r = c.mesh.rollout_devices
     if not r:

@@ -70,7 +70,7 @@ def timeline(args) -> str:
         for name, (k, r) in MODES.items():
             rows = Trainer(timeline_config(k, r, args.steps, args.toy), os.path.join(work, name)).run()
             out[name] = {"step": med(rows, "perf/step_s"), "wait": med(rows, "perf/rollout_wait_s"),
-                         "weights": med(rows, "perf/sampler_wait_s")}
+                         "weights": med(rows, "perf/sampler_wait_s"), "rows": rows}
             print(f"{name:6s} k={k} r={r}: median step {out[name]['step']:.3f} s", flush=True)
     t_sample, t_train = out["split"]["wait"], out["split"]["step"] - out["split"]["wait"]
     ideal = (t_sample + t_train) / max(t_sample, t_train, 1e-9)
@@ -86,6 +86,11 @@ def timeline(args) -> str:
               f"overlap speed-up (t_sample + t_train) / max(t_sample, t_train) = {ideal:.2f}x",
               f"measured: async / split ratio {out['async']['step'] / out['split']['step']:.2f}, "
               f"async / sync ratio {out['async']['step'] / out['sync']['step']:.2f} (lower is faster)"]
+    lines += ["", "per step of the async run (s): step | trainer waits for rollout | sampler waits for weights | "
+              "step time", "```"]
+    lines += [f"{int(r['step']):4d} {r['perf/rollout_wait_s']:8.3f} {r['perf/sampler_wait_s']:8.3f} "
+              f"{r['perf/step_s']:8.3f}" for r in out["async"]["rows"]]
+    lines.append("```")
     text = "\n".join(lines)
     print(text)
     return text

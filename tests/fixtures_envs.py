@@ -73,3 +73,12 @@ def llama3_tokenizer() -> transformers.PreTrainedTokenizerFast:
                 "<|eom_id|>", "<|python_tag|>"]
     return _byte_bpe(specials, LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                      additional_special_tokens=specials[2:])
+
+
+def word_count(text: str) -> int:
+    """Counts the words of a text (a tool importable as 'fixtures_envs:word_count').
+
+    Args:
+        text: The text.
+    """
+    return len(text.split())

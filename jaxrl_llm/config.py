@@ -82,6 +82,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.kwargs = ml_collections.ConfigDict()  # per-function keyword arguments: reward.kwargs.<name>.<arg>
     c.reward.on_error = "raise"  # a reward fn that raises: "raise" (stop, naming fn and row) | "zero"
 
+    # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools) or "module:Class"
+    c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the environment: env.kwargs.<arg>
+    c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
+    c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens
+    c.env.max_workers = 8  # threads running the environment's steps of a batch (slow tools)
+
     c.advantage = ml_collections.ConfigDict()
     c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp
     c.advantage.scale = placeholder(str)  # group estimator: group | batch | none (Dr. GRPO)

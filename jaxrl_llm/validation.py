@@ -13,9 +13,10 @@ import ml_collections
 
 from jaxrl_llm import rl
 from jaxrl_llm.data.config import validate_data_config
+from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
 
-FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
+FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
 # holds the two equal). Whether the backend has the kernel is checked at setup (trainer/setup.py).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -32,7 +33,7 @@ def reward_specs(config) -> list[tuple[str, float]]:
     """[(spec, weight)] from reward.functions / reward.weights, with DAPO's overlong shaping added."""
     names = [s.strip() for s in config.reward.functions.split(",") if s.strip()]
     weights = [w.strip() for w in config.reward.weights.split(",") if w.strip()]
-    if not names:
+    if not names and not (config.get("env") and config.env.name):  # an environment's rewards may be the only ones
         raise ValueError("reward.functions is empty; name at least one reward (e.g. 'math_answer')")
     if weights and len(weights) != len(names):
         raise ValueError(f"reward.weights has {len(weights)} entries for {len(names)} reward.functions")
@@ -81,6 +82,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_io(c)
     reward_specs(c)
     _validate_eval(c)
+    _validate_env(c)
 
 
 def _validate_model_and_data(c) -> None:
@@ -288,6 +290,14 @@ def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
     if isinstance(node, ml_collections.ConfigDict) and path not in FREE_FORM:
         return f"'{path}' is a section, not a field (its fields: {', '.join(sorted(node.keys()))})"
     return None
+
+
+def _validate_env(c) -> None:
+    check_env_name(c.env.name)
+    _check(c, "env.max_turns", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "env.max_turn_tokens", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
+           "an int in [0, rollout.max_new_tokens] (0 = rollout.max_new_tokens)")
+    _check(c, "env.max_workers", lambda v: _is_int(v) and v >= 1, "an int >= 1")
 
 
 def _validate_eval(c) -> None:

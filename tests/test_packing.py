@@ -85,19 +85,20 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention):
         return packed_logprobs(mc, p, pt, pm, ct, cm, plan, L, 0.7, with_entropy=True)
 
     loss = lambda f: lambda p: sum(jnp.sum(x * w) for x in f(p))
-    la, ga = jax.value_and_grad(loss(ref))(params)
-    lb, gb = jax.value_and_grad(loss(packed))(params)
+    la, ga = jax.jit(jax.value_and_grad(loss(ref)))(params)
+    lb, gb = jax.jit(jax.value_and_grad(loss(packed)))(params)
     np.testing.assert_allclose(lb, la, atol=1e-5)
-    for x, y in zip(ref(params), packed(params)):
+    past_end = np.cumsum(cm[:, ::-1], axis=1)[:, ::-1] == 0  # after a row's last real token
+    for x, y in zip(jax.jit(ref)(params), jax.jit(packed)(params)):
         np.testing.assert_allclose(np.where(cm > 0, y, 0), np.where(cm > 0, x, 0), atol=1e-5)
-        assert np.all(np.asarray(y)[cm == 0] == 0)  # padding reads 0, not another sequence's value
+        assert np.all(np.asarray(y)[past_end] == 0)  # padding reads 0, not another sequence's value
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5), ga, gb)
     # Values with the bootstrap column: V(s_T) of the full-length row 1 is its last token's state.
     vp = init_value_params(mc, params, jax.random.PRNGKey(1), head_std=0.5)
-    head = lambda h: value_head(mc, vp, h)
     ext_t, ext_m = np.pad(ct, ((0, 0), (0, 1))), np.pad(cm, ((0, 0), (0, 1)), constant_values=1)
-    want = head(completion_hidden(mc, vp["backbone"], pt, pm, ext_t, ext_m))
-    got = packed_values(mc, vp, pt, pm, ct, cm, plan, L, head, last=True)
+    want = jax.jit(lambda v: value_head(mc, v, completion_hidden(mc, v["backbone"], pt, pm, ext_t, ext_m)))(vp)
+    got = jax.jit(lambda v: packed_values(mc, v, pt, pm, ct, cm, plan, L, lambda h: value_head(mc, v, h),
+                                          last=True))(vp)
     assert got.shape == (B * G, T + 1)
     np.testing.assert_allclose(np.where(cm > 0, got[:, :-1], 0), np.where(cm > 0, want[:, :-1], 0), atol=1e-5)
     np.testing.assert_allclose(got[1, -1], want[1, -1], atol=1e-5)
@@ -130,8 +131,28 @@ def packed_config(**overrides):
                                   "kl.coef": 0.05, "entropy_coef": 0.01, **overrides})
 
 
-def test_packed_score_and_update_equal_unpacked(tmp_path):
-    t = Trainer(packed_config(**{"train.pack_length": 24}), str(tmp_path))
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two short runs, packed and not: (trainers, histories) by pack_length."""
+    trainers = {n: Trainer(packed_config(**{"train.pack_length": n, "total_steps": 2}),
+                           str(tmp_path_factory.mktemp(f"pack{n}"))) for n in (0, 32)}
+    return trainers, {n: t.run() for n, t in trainers.items()}
+
+
+def test_short_run_packed_matches_unpacked(runs):
+    _, history = runs
+    for a, b in zip(history[0], history[32]):
+        assert "train/pack_efficiency" not in a and 0 < b.pop("train/pack_efficiency") <= 1
+        assert set(a) == set(b)
+        for k in a:
+            if not k.startswith("perf/"):
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_packed_score_and_update_equal_unpacked(runs):
+    """The trainer's jitted passes (value model with the bootstrap column, reference, recomputed
+    log-probs, 2 micro-batches), packed against unpacked, on one rollout of the trained policy."""
+    t = runs[0][32]
     state = t.state
     local, _, _ = t.rollouts.collect(state.params, jax.random.PRNGKey(3))
     b = t.rollouts.device_batch(local)
@@ -157,17 +178,6 @@ def test_packed_score_and_update_equal_unpacked(tmp_path):
     for new in ("params", "value_params"):
         jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5),
                                getattr(s_want, new), getattr(s_got, new))
-
-
-def test_short_run_packed_matches_unpacked(tmp_path):
-    runs = {n: Trainer(packed_config(**{"train.pack_length": n, "total_steps": 2}), str(tmp_path / str(n))).run()
-            for n in (0, 32)}
-    for a, b in zip(runs[0], runs[32]):
-        assert "train/pack_efficiency" not in a and 0 < b.pop("train/pack_efficiency") <= 1
-        assert set(a) == set(b)
-        for k in a:
-            if not k.startswith("perf/"):
-                np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
 def test_pack_length_shorter_than_a_row_is_refused(tmp_path):

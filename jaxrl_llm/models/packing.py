@@ -17,7 +17,6 @@ at positions 0.. (those `positions_from_mask` gives the unpacked row), segment i
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -100,7 +99,7 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
 
     prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. Returns
     (packed {tokens, positions, mask, segment_ids} each (R,L), source (n,T+1) flat slot of the hidden state
-    that predicts completion column t (column T: the state after the last token), valid (n,T+1) bool).
+    that predicts completion column t (column T: the state after the last token), valid (n,T+1) bool: up to the row's last real token).
     """
     b, p = prompts.shape
     n, t = completions.shape
@@ -127,7 +126,9 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     packed = {"tokens": scatter(tokens), "positions": scatter(jnp.broadcast_to(j, tokens.shape)),
               "mask": scatter(key & inside), "segment_ids": scatter(jnp.where(inside, segment, 0))}
     col = jnp.arange(t + 1, dtype=jnp.int32)[None]  # hidden at position plen-1+col predicts column col
-    valid = (col <= ext[:, None]) & (packed_row >= 0) & (ext[:, None] > 0)
+    # Real tokens, and column T on a row that fills all T (its last state, V(s_T)); never the slot after a
+    # segment, which belongs to the next one.
+    valid = ((col < ext[:, None]) | ((col == t) & (ext[:, None] == t))) & (packed_row >= 0)
     source = jnp.where(valid, packed_row * length + plan["offset"][:, None] + plen[:, None] - 1 + col, 0)
     return packed, source, valid
 

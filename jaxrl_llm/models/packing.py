@@ -51,16 +51,16 @@ def first_fit_decreasing(lengths: np.ndarray, pack_length: int):
     Ties keep the input order (a stable sort), so the plan is a function of the lengths alone."""
     if np.any(lengths > pack_length):
         raise ValueError(f"a sequence of {int(lengths.max())} tokens does not fit in train.pack_length={pack_length}")
-    row, offset, fills = np.full(len(lengths), -1, np.int32), np.zeros(len(lengths), np.int32), []
+    row, offset = np.full(len(lengths), -1, np.int32), np.zeros(len(lengths), np.int32)
+    fills, used = np.zeros(len(lengths), np.int64), 0  # at most one packed row per sequence
     for i in np.argsort(-lengths, kind="stable"):
         if lengths[i] == 0:
             break
-        free = [j for j, f in enumerate(fills) if f + lengths[i] <= pack_length]
-        j = free[0] if free else len(fills)
-        if not free:
-            fills.append(0)
+        j = int(np.argmax(fills[:used + 1] + lengths[i] <= pack_length))  # the first with room (row `used` is empty)
+        used = max(used, j + 1)
         row[i], offset[i] = j, fills[j]
-        fills[j] += int(lengths[i])
+        fills[j] += lengths[i]
+    fills = [int(f) for f in fills[:used]]
     return row, offset, fills
 
 

@@ -93,10 +93,7 @@ def length_table(res, lengths, peak: float) -> str:
     rows = []
     for t in lengths:
         for impl in IMPLS + ("auto",):
-            name = impl
-            if impl == "auto":
-                name = resolve_attention("auto", backend=jax.default_backend(), dtype=jnp.float32, head_dim=64,
-                                         keys=t, segments=False)
+            name = auto_impl(t) if impl == "auto" else impl
             sec, temp, flops = res[name, t]
             label = f"auto (= {name})" if impl == "auto" else impl
             rows.append([t, max(1, res["_tokens"] // t), label, "-" if sec is None else f"{sec * 1e3:.0f}",
@@ -105,11 +102,18 @@ def length_table(res, lengths, peak: float) -> str:
     return markdown_table(headers, rows)
 
 
+def auto_impl(t: int) -> str:
+    """What `auto` compiles to on this backend for a float32 pass of t keys per query."""
+    return resolve_attention("auto", backend=jax.default_backend(), dtype=jnp.float32, head_dim=64, keys=t,
+                             segments=False)
+
+
 def ratio_table(res, short: int, long: int) -> str:
     rows = []
-    for impl in IMPLS:
-        (s0, m0, f0), (s1, m1, f1) = res[impl, short], res[impl, long]
-        rows.append([impl, f"{(f1 / s1) / (f0 / s0):.2f}", f"{m1 / m0:.2f}"])
+    for impl in IMPLS + ("auto",):
+        a, b = (impl, impl) if impl != "auto" else (auto_impl(short), auto_impl(long))
+        (s0, m0, f0), (s1, m1, f1) = res[a, short], res[b, long]
+        rows.append([impl if impl != "auto" else f"auto ({a} -> {b})", f"{(f1 / s1) / (f0 / s0):.2f}", f"{m1 / m0:.2f}"])
     return markdown_table(["attention", f"GFLOP/s T={long} / T={short} (target >= 0.7)",
                            f"temp memory T={long} / T={short} (target <= 1.5)"], rows)
 
@@ -130,15 +134,17 @@ def packed_vs_padded(n: int, p: int, t: int, repeats: int, toy: bool) -> str:
     w = jnp.asarray(rng.standard_normal((n, t)), jnp.float32) * cmask
     plan = jax.tree_util.tree_map(lambda x: x[0], plan_packs(np.asarray(sequence_lengths(pmask, cmask))[None], p + t))
 
-    def padded(params):
+    def padded(params, prompts, pmask, comps, cmask, w, plan):
         return jnp.sum(logprobs_from_hidden(c, params, completion_hidden(c, params, prompts, pmask, comps, cmask), comps) * w)
 
-    def packed(params):
+    def packed(params, prompts, pmask, comps, cmask, w, plan):
         return jnp.sum(packed_logprobs(c, params, prompts, pmask, comps, cmask, plan, p + t) * w)
 
+    # Arrays as arguments, not closed-over constants (XLA would constant-fold the packing's gathers).
+    args = (params, prompts, pmask, comps, cmask, w, plan)
     fns = {name: jax.jit(jax.value_and_grad(f)) for name, f in (("padded", padded), ("packed", packed))}
-    temp = {k: f.lower(params).compile().memory_analysis().temp_size_in_bytes for k, f in fns.items()}
-    timing = time_interleaved({k: (lambda i, f=f: f(params)) for k, f in fns.items()}, repeats=repeats)
+    temp = {k: f.lower(*args).compile().memory_analysis().temp_size_in_bytes for k, f in fns.items()}
+    timing = time_interleaved({k: (lambda i, f=f: f(*args)) for k, f in fns.items()}, repeats=repeats)
     real = int(lengths.sum())
     rows = [[k, f"{timing[k].median * 1e3:.0f}", f"{real / timing[k].median:.0f}", f"{temp[k] / 2 ** 20:.1f}"]
             for k in fns]

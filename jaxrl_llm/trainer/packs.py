@@ -1,9 +1,9 @@
 """The host side of sequence packing (`train.pack_length` > 0): the packing plans of a step's score
 chunks and update micro-batches, in the row order the jitted steps select them (steps.minibatch).
 
-The plans are made on the host (numpy first-fit-decreasing over the rows' lengths: 31 ms for 512 rows, 0.24 s for 8 micro-batches of
-512, on the loaded 2-core development machine; the passes they plan take seconds to minutes)
-because the number of packed rows they need is data-dependent and must be a static shape: the host
+The plans are made on the host (numpy first-fit-decreasing over the rows' lengths: 31 ms for 512 rows,
+0.24 s for 8 micro-batches of 512 on the loaded 2-core development machine, next to passes of seconds
+to minutes) because the number of packed rows they need is data-dependent and must be a static shape: the host
 rounds it (models/packing.pack_rows) and never lets it shrink within a run, so a run compiles each
 pass for a handful of shapes at most. Models/packing.py does the packing itself, on device.
 """

@@ -3,10 +3,10 @@ rows of `pack_length` tokens with segment ids and per-segment positions, and the
 (N,T) completion layout, so that the loss and every metric read exactly what the unpacked pass gives.
 
 Two halves (docs/design.md, "Sequence packing"):
-  * the host plans (numpy, first-fit-decreasing): `sequence_lengths`, `plan_packs` -> which packed row and
-    offset each row of a micro-batch goes to. The plan's packed-row count R is data-dependent, so it is
+  * the host plans (numpy, first-fit-decreasing) from `sequence_lengths`: `plan_packs` -> which packed
+    row and offset each row of a micro-batch goes to. The plan's packed-row count R is data-dependent, so it is
     decided where the lengths are known and becomes a static shape (one compile per R, see `pack_rows`);
-  * the jitted passes gather the tokens into that layout and back (`packed_completion_hidden`,
+  * the jitted passes gather the tokens into that layout and back (`pack_layout`, `packed_hidden`,
     `packed_logprobs`, `packed_values`): plain gathers and scatters, on device, sharded like any batch.
 
 A plan is {"row": (n,) int32 packed row of each sequence (-1: empty, not packed), "offset": (n,) int32
@@ -25,10 +25,8 @@ from jaxrl_llm.models.lm import logprobs_from_hidden
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
 
-PACK_STEPS_PER_OCTAVE = 4  # packed-row counts are rounded up to m·2^e, m in 4..7: <= 25% empty rows
 
-
-# ------------------------------------------------------------------------------------------ host side
+# ------------------------------------------------------------------------------------------ lengths
 def _parts(prompt_mask, mask):
     """(plen (N,), ext (N,)) int32: the prompt's real tokens, and the completion up to its last real token."""
     n, t = mask.shape
@@ -46,6 +44,7 @@ def sequence_lengths(prompt_mask, mask):
     return jnp.where(ext > 0, plen + ext, 0)
 
 
+# ------------------------------------------------------------------------------------------ host side
 def first_fit_decreasing(lengths: np.ndarray, pack_length: int):
     """(row (n,), offset (n,), fills list) of a first-fit-decreasing packing; empty sequences get row -1.
     Ties keep the input order (a stable sort), so the plan is a function of the lengths alone."""

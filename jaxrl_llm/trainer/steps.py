@@ -1,15 +1,16 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch)  -> reference log-probs, old values [and V(s_T)], recomputed proximal
-                                      log-probs, each (N,T)
+  score(state, ref_params, batch[, pack]) -> reference log-probs, old values [and V(s_T)], recomputed
+                                      proximal log-probs, each (N,T)
   prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
                                       (`Objective.prepare`)
-  update(state, batch, prompts)    -> state after one optimizer step on those prompts' rows, metrics
-  update_value(state, batch, prompts) -> the same step for the value model alone (VAPO's pretraining)
+  update(state, batch, prompts[, pack]) -> state after one optimizer step on those prompts' rows, metrics
+  update_value(state, batch, prompts[, pack]) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
 The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
-and the NaN guard. Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
+and the NaN guard. `pack` (train.pack_length > 0) is the packing plans of the score chunks or of the
+update's micro-batches (trainer/packs.py): the forwards then run on packed rows (models/packing.py). Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
 """
 from __future__ import annotations
 

@@ -216,6 +216,11 @@ def _validate_training(c) -> None:
     if (c.rollout.batch_prompts // c.train.minibatches) % c.train.grad_accum:
         _fail("train.grad_accum", "a divisor of the prompts per minibatch "
               f"({c.rollout.batch_prompts // c.train.minibatches})", c.train.grad_accum)
+    _check(c, "train.pack_length", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
+    longest = c.data.max_prompt_length + c.rollout.max_new_tokens
+    if _is_int(longest) and 0 < c.train.pack_length < longest:
+        _fail("train.pack_length", f"0 (off) or at least data.max_prompt_length + rollout.max_new_tokens = {longest}, "
+              "the longest prompt + completion", c.train.pack_length)
     o = "optimizer."
     _check(c, o + "learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0")

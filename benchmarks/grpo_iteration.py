@@ -359,13 +359,14 @@ class Worker:
 
 
 # ------------------------------------------------------------------------------ parent: jaxrl_llm
-def make_workspace(path: str, size_name: str, num_prompts: int, prompt_len: int, seed: int = 0):
+def make_workspace(path: str, size_name: str, num_prompts: int, prompt_len: int, seed: int = 0,
+                   max_positions: int = 1024):
     """model/ (random Qwen2 saved by transformers), tokenizer/ and prompts.jsonl under `path`."""
     import numpy as np
     sys.path.insert(0, HERE)
     from common import ModelSize, build_models
     size = ModelSize(size_name, **SIZES[size_name])
-    build_models(os.path.join(path, "model"), size, seed=seed)
+    build_models(os.path.join(path, "model"), size, seed=seed, max_positions=max_positions)
     make_tokenizer(size.vocab_size).save_pretrained(os.path.join(path, "tokenizer"))
     rng = np.random.default_rng(seed)
     with open(os.path.join(path, "prompts.jsonl"), "w") as f:
@@ -531,7 +532,7 @@ def main(argv=None):
     B, G, P, T = args.batch, args.group, args.prompt_len, args.new_tokens
     steps = args.warmup + args.repeats
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as ws:
-        make_workspace(ws, args.size, num_prompts=max(64, B * steps), prompt_len=P)
+        make_workspace(ws, args.size, num_prompts=max(64, B * steps), prompt_len=P, max_positions=max(1024, P + T))
         stop = heavy_tailed_stop_ids(ws, args.median * T) if args.heavy_tailed else []
         if stop:
             log(f"heavy-tailed: {len(stop)} stop ids for a median of {args.median * T:.0f} of {T} tokens")

@@ -90,12 +90,11 @@ def test_slot_count_invariance_and_semantics(by_slots):
 def test_greedy_slots_equal_the_static_sampler_with_eos_at_step_0(qwen, prompts):
     """Greedy draws use no key, so the static batch sampler is an independent reference. The EOS is row 0's
     first greedy token: the rows of prompt 0 end at step 0 and never take a slot."""
-    config, params = qwen
     static = _generate(qwen, prompts, 0, temperature=0.0, eos_ids=[2])
     eos = [int(static.tokens[0, 0]), int(static.tokens[G, 3])]
     static = _generate(qwen, prompts, 0, temperature=0.0, eos_ids=eos)
     slotted = _generate(qwen, prompts, 2, temperature=0.0, eos_ids=eos)
-    jax.tree_util.tree_map(np.testing.assert_array_equal, static.tokens, slotted.tokens)
+    np.testing.assert_array_equal(np.asarray(static.tokens), np.asarray(slotted.tokens))
     np.testing.assert_array_equal(np.asarray(static.mask), np.asarray(slotted.mask))
     np.testing.assert_allclose(np.asarray(static.logprobs), np.asarray(slotted.logprobs), atol=1e-5)
     _check_semantics(slotted, eos)

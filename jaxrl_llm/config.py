@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature, also used by the trainer's log-probs
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0  # nucleus; 1.0 = off
+    c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
 

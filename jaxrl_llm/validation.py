@@ -116,6 +116,14 @@ def _validate_model_and_data(c) -> None:
     _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
     _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+    rows = c.rollout.batch_prompts * c.rollout.group_size
+    _check(c, r + "decode_slots", lambda v: _is_int(v) and 0 <= v <= rows,
+           f"an int in [0, batch_prompts x group_size = {rows}] (0 = all rows)")
+    known = all(_is_int(v) and v > 0 for v in (c.mesh.data, c.mesh.fsdp))  # -1: checked at start-up
+    shards = c.mesh.data * c.mesh.fsdp if known else 1
+    if c.rollout.decode_slots % shards:
+        _fail(r + "decode_slots", f"a multiple of mesh.data x mesh.fsdp = {shards} (the slots are sharded)",
+              c.rollout.decode_slots)
 
 
 def _validate_objective(c) -> None:

@@ -4,7 +4,7 @@
     python benchmarks/grpo_iteration.py                            # 3M Qwen2, 8 prompts x G=8, 32 + 64 tokens
     python benchmarks/grpo_iteration.py --out docs/benchmarks.md   # also refresh the results block there
     python benchmarks/grpo_iteration.py --toy --frameworks ours    # seconds: keeps the script from rotting
-    python benchmarks/grpo_iteration.py --prompt-len 64 --new-tokens 512 --heavy-tailed --decode-slots 16
+    python benchmarks/grpo_iteration.py --prompt-len 64 --new-tokens 512 --heavy-tailed --decode-slots 16 --pack-length 1024
 
 Environments. jaxrl_llm runs in this process (the main virtualenv). TRL runs in a subprocess of its own
 virtualenv, `benchmarks/.venv/trl` (git-ignored, created on first use with `torch==2.13.0` pinned, the
@@ -29,7 +29,8 @@ of stop ids, written as generation_config.json's `eos_token_id` list, which both
 A random model's next-token distribution is close to uniform, so the set (`gpu_stages.eos_set_for_median`
 on the mean next-token probabilities over the prompts) gives geometric lengths with median `--median` x T,
 cut at T. Both sides draw from the same distribution (not the same draws); the lengths of both are
-reported. `--decode-slots` sets our `rollout.decode_slots` (continuous batching).
+reported. `--decode-slots` sets our `rollout.decode_slots` (continuous batching), `--pack-length` our
+`train.pack_length` (sequence packing of the score and update passes).
 
 Timing. The iterations of all frameworks alternate (ours, TRL, ours, TRL, ...; TRL's training loop waits
 on a pipe between steps), so the load of a shared machine hits them alike. The first `--warmup`
@@ -411,6 +412,7 @@ def ours_config(workspace: str, args):
     c.rollout.batch_prompts, c.rollout.group_size = args.batch, args.group
     c.rollout.max_new_tokens = args.new_tokens
     c.rollout.decode_slots = getattr(args, "decode_slots", 0)
+    c.train.pack_length = getattr(args, "pack_length", 0)
     c.optimizer.learning_rate = 1e-6
     c.total_steps = 10 ** 6
     c.checkpoint.every_steps, c.checkpoint.async_save = 10 ** 6, False
@@ -498,6 +500,8 @@ def parse_args(argv=None):
     p.add_argument("--heavy-tailed", action="store_true", help="heavy-tailed completion lengths (module docstring)")
     p.add_argument("--median", type=float, default=0.2, help="--heavy-tailed: median length / --new-tokens")
     p.add_argument("--decode-slots", type=int, default=0, help="our rollout.decode_slots (0 = all rows)")
+    p.add_argument("--pack-length", type=int, default=0,
+                   help="our train.pack_length (0 = unpacked; at least --prompt-len + --new-tokens)")
     p.add_argument("--warmup", type=int, default=2, help="iterations not timed (compilation, warm-up)")
     p.add_argument("--repeats", type=int, default=7, help="timed iterations per framework")
     p.add_argument("--stages", action="store_true", help="also time each stage of our iteration")
@@ -648,7 +652,7 @@ def main(argv=None):
                 f"{load_after:.2f} after the timed iterations.\n\n"
                 f"Model {args.size} ({config.num_params() / 1e6:.2f}M parameters), {B} prompts x G={G}, {P} prompt + "
                 f"{T} new tokens{f' (heavy-tailed: {len(stop)} stop ids, median {args.median * T:.0f}; FLOPs and roofline count every row at full length)' if stop else ''}"
-                f", rollout.decode_slots={args.decode_slots}. Matmul peak {peak / 1e9:.0f} GFLOP/s; iteration {flops['total'] / 1e9:.2f} GFLOP "
+                f", rollout.decode_slots={args.decode_slots}, train.pack_length={args.pack_length}. Matmul peak {peak / 1e9:.0f} GFLOP/s; iteration {flops['total'] / 1e9:.2f} GFLOP "
                 f"(generation {flops['generation'] / 1e9:.2f}, reference {flops['reference'] / 1e9:.2f}, policy "
                 f"forward + backward {flops['policy_fwd_bwd'] / 1e9:.2f}; {flops_unshared['total'] / 1e9:.2f} without "
                 f"prefix sharing): roofline {roofline * 1e3:.0f} ms.\n\n{table}\n\n"

@@ -4,6 +4,7 @@
     python benchmarks/grpo_iteration.py                            # 3M Qwen2, 8 prompts x G=8, 32 + 64 tokens
     python benchmarks/grpo_iteration.py --out docs/benchmarks.md   # also refresh the results block there
     python benchmarks/grpo_iteration.py --toy --frameworks ours    # seconds: keeps the script from rotting
+    python benchmarks/grpo_iteration.py --prompt-len 64 --new-tokens 512 --heavy-tailed --decode-slots 16 --pack-length 1024
 
 Environments. jaxrl_llm runs in this process (the main virtualenv). TRL runs in a subprocess of its own
 virtualenv, `benchmarks/.venv/trl` (git-ignored, created on first use with `torch==2.13.0` pinned, the
@@ -21,6 +22,15 @@ reference forward), one optimizer step of AdamW per iteration (no gradient accum
 recomputation: the samples are on-policy), the same reward function (`even_words`) on decoded text,
 float32, no gradient checkpointing. TRL: `use_vllm=False`, transformers `generate` on CPU; torch runs with
 1 thread and with 2 (the faster is the one compared, see benchmarks/sampler.py for why).
+
+Heavy-tailed lengths (`--heavy-tailed`): instead of exactly T new tokens, a row ends at the first of a set
+of stop ids, written as generation_config.json's `eos_token_id` list, which both TRL (its
+`eos_token_ids`, for generation and its completion mask) and jaxrl_llm (`trainer.setup.eos_ids_of`) read.
+A random model's next-token distribution is close to uniform, so the set (`gpu_stages.eos_set_for_median`
+on the mean next-token probabilities over the prompts) gives geometric lengths with median `--median` x T,
+cut at T. Both sides draw from the same distribution (not the same draws); the lengths of both are
+reported. `--decode-slots` sets our `rollout.decode_slots` (continuous batching), `--pack-length` our
+`train.pack_length` (sequence packing of the score and update passes).
 
 Timing. The iterations of all frameworks alternate (ours, TRL, ours, TRL, ...; TRL's training loop waits
 on a pipe between steps), so the load of a shared machine hits them alike. The first `--warmup`
@@ -143,11 +153,12 @@ def trl_worker(args) -> None:
         bf16=args.dtype == "bfloat16", fp16=False,
         gradient_checkpointing=False, per_device_train_batch_size=n, gradient_accumulation_steps=1,
         num_generations=args.group, max_completion_length=args.new_tokens,
-        generation_kwargs={"min_new_tokens": args.new_tokens}, temperature=1.0, top_k=0, top_p=1.0,
+        generation_kwargs={} if args.heavy_tailed else {"min_new_tokens": args.new_tokens},
+        temperature=1.0, top_k=0, top_p=1.0,
         beta=0.04, loss_type="grpo", num_iterations=1, learning_rate=1e-6, max_grad_norm=1.0,
         max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, seed=0, use_vllm=False)
-    lengths = {"prompt": set(), "completion": []}
+    lengths = {"prompt": set(), "completion": [], "completion_min": [], "completion_max": []}
 
     class Handshake(TrainerCallback):
         def on_step_begin(self, *_, **__):
@@ -158,6 +169,8 @@ def trl_worker(args) -> None:
         def on_log(self, _args, _state, _control, logs=None, **__):
             if logs and "completions/mean_length" in logs:
                 lengths["completion"].append(logs["completions/mean_length"])
+                lengths["completion_min"].append(logs.get("completions/min_length"))
+                lengths["completion_max"].append(logs.get("completions/max_length"))
 
     trainer = GRPOTrainer(model=os.path.join(args.workspace, "model"), reward_funcs=[even_words], args=config,
                           train_dataset=data, processing_class=tokenizer, callbacks=[Handshake()])
@@ -172,7 +185,8 @@ def trl_worker(args) -> None:
     emit("setup", seconds=time.perf_counter() - t0, torch=torch.__version__,
          trl=__import__("trl").__version__, threads=torch.get_num_threads())
     trainer.train()
-    emit("done", prompt_lengths=sorted(lengths["prompt"]), completion_mean_lengths=lengths["completion"])
+    emit("done", prompt_lengths=sorted(lengths["prompt"]), completion_mean_lengths=lengths["completion"],
+         completion_min_lengths=lengths["completion_min"], completion_max_lengths=lengths["completion_max"])
 
 
 # ---------------------------------------------------------------------------- Tunix (its own venv)
@@ -346,19 +360,40 @@ class Worker:
 
 
 # ------------------------------------------------------------------------------ parent: jaxrl_llm
-def make_workspace(path: str, size_name: str, num_prompts: int, prompt_len: int, seed: int = 0):
+def make_workspace(path: str, size_name: str, num_prompts: int, prompt_len: int, seed: int = 0,
+                   max_positions: int = 1024):
     """model/ (random Qwen2 saved by transformers), tokenizer/ and prompts.jsonl under `path`."""
     import numpy as np
     sys.path.insert(0, HERE)
     from common import ModelSize, build_models
     size = ModelSize(size_name, **SIZES[size_name])
-    build_models(os.path.join(path, "model"), size, seed=seed)
+    build_models(os.path.join(path, "model"), size, seed=seed, max_positions=max_positions)
     make_tokenizer(size.vocab_size).save_pretrained(os.path.join(path, "tokenizer"))
     rng = np.random.default_rng(seed)
     with open(os.path.join(path, "prompts.jsonl"), "w") as f:
         for _ in range(num_prompts):
             words = rng.integers(2, size.vocab_size, prompt_len)
             f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in words)}) + "\n")
+
+
+def heavy_tailed_stop_ids(path: str, median: float) -> list[int]:
+    """Writes the stop ids (EOS and a set calibrated for geometric lengths of `median`, see the module
+    docstring) into the workspace model's generation_config.json; returns them."""
+    import jax
+    import numpy as np
+
+    from gpu_stages import eos_set_for_median
+    from jaxrl_llm.models import forward, load_hf
+    config, params = load_hf(os.path.join(path, "model"))
+    with open(os.path.join(path, "prompts.jsonl")) as f:
+        prompts = np.array([[int(w) for w in WORD.findall(json.loads(line)["prompt"])] for line in f][:16])
+    probs = jax.nn.softmax(forward(config, params, prompts, np.ones_like(prompts)), -1).mean((0, 1))
+    stop = sorted({1, *eos_set_for_median(np.asarray(probs), median, exclude=(0,))})  # 1 is <eos>
+    gen_path = os.path.join(path, "model", "generation_config.json")
+    gen = json.load(open(gen_path)) if os.path.exists(gen_path) else {}
+    with open(gen_path, "w") as f:
+        json.dump({**gen, "eos_token_id": stop}, f)
+    return stop
 
 
 def ours_config(workspace: str, args):
@@ -376,6 +411,8 @@ def ours_config(workspace: str, args):
     c.reward.functions = "grpo_iteration:even_words"
     c.rollout.batch_prompts, c.rollout.group_size = args.batch, args.group
     c.rollout.max_new_tokens = args.new_tokens
+    c.rollout.decode_slots = getattr(args, "decode_slots", 0)
+    c.train.pack_length = getattr(args, "pack_length", 0)
     c.optimizer.learning_rate = 1e-6
     c.total_steps = 10 ** 6
     c.checkpoint.every_steps, c.checkpoint.async_save = 10 ** 6, False
@@ -433,6 +470,14 @@ def stage_times(ours: Ours, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
+def length_line(name, means, mins, maxs, cap) -> str:
+    """One framework's completion lengths over all its iterations: the per-iteration means, the extremes."""
+    valid = [x for x in mins if x is not None], [x for x in maxs if x is not None]
+    return (f"{name} completion lengths: mean per iteration {min(means):.1f}..{max(means):.1f} (overall "
+            f"{sum(means) / len(means):.1f}), min {min(valid[0], default=float('nan')):.0f}, max "
+            f"{max(valid[1], default=float('nan')):.0f} of {cap}")
+
+
 # ------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -452,6 +497,11 @@ def parse_args(argv=None):
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--heavy-tailed", action="store_true", help="heavy-tailed completion lengths (module docstring)")
+    p.add_argument("--median", type=float, default=0.2, help="--heavy-tailed: median length / --new-tokens")
+    p.add_argument("--decode-slots", type=int, default=0, help="our rollout.decode_slots (0 = all rows)")
+    p.add_argument("--pack-length", type=int, default=0,
+                   help="our train.pack_length (0 = unpacked; at least --prompt-len + --new-tokens)")
     p.add_argument("--warmup", type=int, default=2, help="iterations not timed (compilation, warm-up)")
     p.add_argument("--repeats", type=int, default=7, help="timed iterations per framework")
     p.add_argument("--stages", action="store_true", help="also time each stage of our iteration")
@@ -459,7 +509,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="", help="markdown file whose grpo-iteration block is rewritten")
     args = p.parse_args(argv)
     if args.toy:
-        args.size, args.batch, args.group, args.prompt_len, args.new_tokens = "toy", 2, 2, 4, 4
+        args.size, args.batch, args.group, args.prompt_len = "toy", 2, 2, 4
+        args.new_tokens = 16 if args.heavy_tailed else 4  # a median of at least one token
         args.warmup, args.repeats = 1, 1
     for name in ("batch", "group", "prompt_len", "new_tokens", "warmup", "repeats"):
         if getattr(args, name) < 1:
@@ -485,7 +536,10 @@ def main(argv=None):
     B, G, P, T = args.batch, args.group, args.prompt_len, args.new_tokens
     steps = args.warmup + args.repeats
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as ws:
-        make_workspace(ws, args.size, num_prompts=max(64, B * steps), prompt_len=P)
+        make_workspace(ws, args.size, num_prompts=max(64, B * steps), prompt_len=P, max_positions=max(1024, P + T))
+        stop = heavy_tailed_stop_ids(ws, args.median * T) if args.heavy_tailed else []
+        if stop:
+            log(f"heavy-tailed: {len(stop)} stop ids for a median of {args.median * T:.0f} of {T} tokens")
         workers, unavailable = {}, {}
         if "trl" in frameworks:
             python = args.trl_python or ensure_venv("trl", log)
@@ -494,7 +548,8 @@ def main(argv=None):
                 w = Worker(python, ["--worker", "trl", "--workspace", ws, "--threads", str(threads),
                                     "--steps", str(steps), "--batch", str(B), "--group", str(G),
                                     "--prompt-len", str(P), "--new-tokens", str(T), "--device", args.device,
-                                    "--dtype", args.dtype], log, keep_path=bool(args.trl_python))
+                                    "--dtype", args.dtype, *(["--heavy-tailed"] if args.heavy_tailed else [])],
+                           log, keep_path=bool(args.trl_python))
                 label = f"{threads} thread{'s' * (threads > 1)}" if args.device == "cpu" else args.device
                 workers[f"TRL ({label})"] = w
         if "tunix" in frameworks:
@@ -548,12 +603,17 @@ def main(argv=None):
         f"{roofline * 1e3:.0f} ms")
     for stage in ("generation", "reference", "policy_fwd_bwd"):
         log(f"  {stage}: {flops[stage] / 1e9:.2f} GFLOP")
+    length_lines = []
     if ours:
-        lengths = [m["response_length/mean"] for m in ours.metrics]
-        gaps = [m["sampler/logp_diff_max"] for m in ours.metrics]
-        log(f"jaxrl_llm: completion length mean {min(lengths):.1f}..{max(lengths):.1f} of {T}; sampler vs "
-            f"trainer log-prob max gap {max(gaps):.2e}")
+        m = ours.metrics
+        gaps = [x["sampler/logp_diff_max"] for x in m]
+        length_lines.append(length_line("jaxrl_llm", [x["response_length/mean"] for x in m],
+                                         [x["response_length/min"] for x in m], [x["response_length/max"] for x in m], T))
+        log(f"{length_lines[-1]}; sampler vs trainer log-prob max gap {max(gaps):.2e}")
     for name, d in done.items():
+        if "completion_min_lengths" in d:
+            length_lines.append(length_line(name, d["completion_mean_lengths"], d["completion_min_lengths"],
+                                            d["completion_max_lengths"], T))
         log(f"{name}: prompt lengths {d['prompt_lengths']}, completion mean lengths "
             f"{min(d['completion_mean_lengths'], default=float('nan')):.1f}..{max(d['completion_mean_lengths'], default=float('nan')):.1f}")
 
@@ -574,9 +634,11 @@ def main(argv=None):
         if trl:
             best = min(trl, key=lambda n: timings[n].median)
             ratio_lines.append(f"ratio against the faster TRL ({best}): "
-                               f"{timings[best].median / timings['jaxrl_llm'].median:.2f}x (target >= 2x)")
+                               f"{timings[best].median / timings['jaxrl_llm'].median:.2f}x "
+                               f"(target >= {3 if args.heavy_tailed else 2}x)")
     for name, reason in unavailable.items():
         ratio_lines.append(f"{name}: not run -- {reason}")
+    ratio_lines += length_lines
     for line in ratio_lines:
         log(line)
     stage_table = ""
@@ -589,7 +651,8 @@ def main(argv=None):
         body = (f"Measured on {machine_description()}; load average {load_before:.2f} before and "
                 f"{load_after:.2f} after the timed iterations.\n\n"
                 f"Model {args.size} ({config.num_params() / 1e6:.2f}M parameters), {B} prompts x G={G}, {P} prompt + "
-                f"{T} new tokens. Matmul peak {peak / 1e9:.0f} GFLOP/s; iteration {flops['total'] / 1e9:.2f} GFLOP "
+                f"{T} new tokens{f' (heavy-tailed: {len(stop)} stop ids, median {args.median * T:.0f}; FLOPs and roofline count every row at full length)' if stop else ''}"
+                f", rollout.decode_slots={args.decode_slots}, train.pack_length={args.pack_length}. Matmul peak {peak / 1e9:.0f} GFLOP/s; iteration {flops['total'] / 1e9:.2f} GFLOP "
                 f"(generation {flops['generation'] / 1e9:.2f}, reference {flops['reference'] / 1e9:.2f}, policy "
                 f"forward + backward {flops['policy_fwd_bwd'] / 1e9:.2f}; {flops_unshared['total'] / 1e9:.2f} without "
                 f"prefix sharing): roofline {roofline * 1e3:.0f} ms.\n\n{table}\n\n"

@@ -5,6 +5,8 @@
     python benchmarks/memory_plan.py --algo ppo               # adds the value model and its optimizer state
     python benchmarks/memory_plan.py --out docs/scaling.md    # also refresh the table in the doc
     python benchmarks/memory_plan.py --toy                    # seconds: a tiny model (keeps the script from rotting)
+    python benchmarks/memory_plan.py --attention xla          # the dense attention path instead of auto's choice
+    python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
 
 How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
 starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is
@@ -16,6 +18,16 @@ reference are summed from their shardings (exact). The decode cache (L, N, T, Hk
 values is shown apart, from the layout the sampler's program gives it (rows like the batch over
 data x fsdp, KV heads over tensor when it divides them; checked by tests/test_scaling.py); it is part
 of the sampler's temporaries.
+
+Attention: `--attention` is `model.attention`; the programs are compiled for CPU, where `auto` means the
+dense path below 384 keys per query and blockwise from there (docs/attention.md), so `auto` plans what
+blockwise needs (cuDNN's and splash's memory on GPU/TPU is of the same order: no T x T array).
+
+Packing (`--pack_length` L > 0, `train.pack_length`): the score and update programs run on packed rows.
+How many is data-dependent (the host plans it from the rollout's lengths), so the plan assumes
+completions of `--mean_new_tokens` tokens on average packed at 90% efficiency: R = the trainer's
+rounding (models/packing.pack_rows) of ceil(n (P + mean) / (0.9 L)) rows per micro-batch of n rows, at
+most one row per sequence. A batch of longer completions needs more rows, up to the unpacked row count.
 
 Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
 the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
@@ -69,6 +81,11 @@ def parse_args(argv=None):
     p.add_argument("--compute_dtype", default="bfloat16", help="dtype of matmuls and activations")
     p.add_argument("--remat", default="full", help="none | full | dots")
     p.add_argument("--logits_chunk", type=int, default=128, help="sequence chunk of the log-prob pass")
+    p.add_argument("--attention", default="auto", help="model.attention: auto | xla | blockwise")
+    p.add_argument("--pack_length", "--pack-length", type=int, default=0,
+                   help="train.pack_length: tokens per packed row of the score and update passes; 0 = off")
+    p.add_argument("--mean_new_tokens", "--mean-new-tokens", type=int, default=0,
+                   help="mean completion length the packed plan assumes; 0 = new_tokens / 4")
     p.add_argument("--toy", action="store_true", help="a tiny model and small batch on meshes of 4 devices")
     p.add_argument("--out", default="", help="markdown file whose memory-plan block is replaced")
     p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
@@ -103,18 +120,20 @@ def run_config(args, grad_accum: int):
     c.algo = args.algo
     c.model.path = "memory-plan"  # a non-empty path: the model config comes from the dict above
     c.model.dtype, c.model.compute_dtype = args.param_dtype, args.compute_dtype
-    c.model.remat, c.model.logits_chunk = args.remat, args.logits_chunk
+    c.model.remat, c.model.logits_chunk, c.model.attention = args.remat, args.logits_chunk, args.attention
     c.rollout.batch_prompts, c.rollout.group_size = args.batch_prompts, args.group_size
     c.rollout.max_new_tokens = args.new_tokens
     c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
+    c.train.pack_length = args.pack_length
     return prepare(c)
 
 
 def model_config(args):
     from jaxrl_llm.models.config import config_from_hf_dict
     return config_from_hf_dict(MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
-                               dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk)
+                               dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk,
+                               attention=args.attention)
 
 
 def per_chip(tree) -> int:
@@ -130,7 +149,27 @@ def abstract(tree, shardings):
     return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def plan_one(c, mc, mesh_shape, devices) -> dict:
+def abstract_packs(c, mesh, mean_new_tokens: int):
+    """(score plan, update plan) as ShapeDtypeStructs (module docstring, "Packing"), or (None, None)."""
+    import jax
+    import jax.numpy as jnp
+    from jaxrl_llm import sharding
+    from jaxrl_llm.models.packing import pack_rows
+    if not c.train.pack_length:
+        return None, None
+    B, G, P, L = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.train.pack_length
+    chunks, accum = c.train.minibatches * c.train.grad_accum, c.train.grad_accum
+    n = B // chunks * G  # rows of a score chunk = rows of an update micro-batch
+    mean = mean_new_tokens or c.rollout.max_new_tokens // 4
+    r = pack_rows(math.ceil(n * (P + mean) / (0.9 * L)), sharding.batch_divisor(mesh), cap=n)
+    rep = sharding.replicated(mesh)
+    plan = lambda m: {"row": jax.ShapeDtypeStruct((m, n), jnp.int32, sharding=rep),
+                      "offset": jax.ShapeDtypeStruct((m, n), jnp.int32, sharding=rep),
+                      "slots": jax.ShapeDtypeStruct((m, r), jnp.int32, sharding=rep)}
+    return plan(chunks), plan(accum)
+
+
+def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
     """Per-device bytes of every part of the run on one mesh."""
     import jax
     import jax.numpy as jnp
@@ -194,14 +233,15 @@ def plan_one(c, mc, mesh_shape, devices) -> dict:
                                      jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
                                      scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
                                      nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
-        score = fns.score.lower(state, ref, batch).compile()
-        scored = jax.eval_shape(fns.score, state, ref, batch)
+        score_pack, update_pack = abstract_packs(c, mesh, mean_new_tokens)
+        score = fns.score.lower(state, ref, batch, score_pack).compile()
+        scored = jax.eval_shape(fns.score, state, ref, batch, score_pack)
         full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})
         full.setdefault("old_logp", full["behavior_logp"])
         fields, _ = jax.eval_shape(fns.prepare, full, state.kl.value)
         full.update({k: None if v is None else sds(v.shape, v.dtype) for k, v in fields.items()})
         pidx = jax.ShapeDtypeStruct((B // c.train.minibatches,), jnp.int32, sharding=rep)
-        update = fns.update.lower(state, full, pidx).compile()
+        update = fns.update.lower(state, full, pidx, update_pack).compile()
 
     mem = {name: prog.memory_analysis() for name, prog in (("sample", gen), ("score", score), ("update", update))}
     out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh)
@@ -260,12 +300,15 @@ def main(argv=None):
         print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
               file=sys.stderr, flush=True)
         c = run_config(args, grad_accum_for(args, mesh))
-        results.append((mesh, {"grad_accum": c.train.grad_accum, **plan_one(c, mc, mesh, devices)}))
+        results.append((mesh, {"grad_accum": c.train.grad_accum,
+                               **plan_one(c, mc, mesh, devices, args.mean_new_tokens)}))
     headers, rows = table(results, unit=2 ** 20 if args.model == "toy" else GIB)
     name = "toy model" if args.model == "toy" else args.model.replace("qwen", "Qwen").replace("b", "B")
     title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
              f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
-             f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}; "
+             f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}, attention={mc.attention}, "
+             + (f"packed in rows of {c.train.pack_length} (mean completion {args.mean_new_tokens or c.rollout.max_new_tokens // 4}); "
+                if c.train.pack_length else "unpacked; ") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
     text = f"{title}\n\n{markdown_table(headers, rows)}\n"
     print(text)

@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature, also used by the trainer's log-probs
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0  # nucleus; 1.0 = off
+    c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
     c.rollout.max_staleness = 0  # k: step i's batch is sampled by the policy after update i-k (0 = synchronous); docs/algorithms/async.md
@@ -82,6 +83,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.weights = ""  # comma-separated weights, one per function; "" = all 1.0
     c.reward.kwargs = ml_collections.ConfigDict()  # per-function keyword arguments: reward.kwargs.<name>.<arg>
     c.reward.on_error = "raise"  # a reward fn that raises: "raise" (stop, naming fn and row) | "zero"
+
+    # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools) or "module:Class"
+    c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the environment: env.kwargs.<arg>
+    c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
+    c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens
+    c.env.max_workers = 8  # threads running the environment's steps of a batch (slow tools)
 
     c.advantage = ml_collections.ConfigDict()
     c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp
@@ -142,6 +151,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.epochs = 1  # passes over each rollout batch
     c.train.minibatches = 1  # optimizer steps per epoch (the batch splits into whole prompt groups)
     c.train.grad_accum = 1  # micro-batches per optimizer step; the loss is normalized over the minibatch
+    c.train.pack_length = 0  # >0: score/update passes pack prompt+completion rows into rows of this many tokens; 0 = off
     c.train.max_nonfinite_steps = 3  # stop after this many consecutive skipped (NaN/inf) updates
 
     c.optimizer = ml_collections.ConfigDict()

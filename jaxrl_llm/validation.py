@@ -13,9 +13,10 @@ import ml_collections
 
 from jaxrl_llm import rl
 from jaxrl_llm.data.config import validate_data_config
+from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
 
-FREE_FORM = ("reward.kwargs",)  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
+FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
 # holds the two equal). Whether the backend has the kernel is checked at setup (trainer/setup.py).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -32,7 +33,7 @@ def reward_specs(config) -> list[tuple[str, float]]:
     """[(spec, weight)] from reward.functions / reward.weights, with DAPO's overlong shaping added."""
     names = [s.strip() for s in config.reward.functions.split(",") if s.strip()]
     weights = [w.strip() for w in config.reward.weights.split(",") if w.strip()]
-    if not names:
+    if not names and not (config.get("env") and config.env.name):  # an environment's rewards may be the only ones
         raise ValueError("reward.functions is empty; name at least one reward (e.g. 'math_answer')")
     if weights and len(weights) != len(names):
         raise ValueError(f"reward.weights has {len(weights)} entries for {len(names)} reward.functions")
@@ -81,6 +82,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_io(c)
     reward_specs(c)
     _validate_eval(c)
+    _validate_env(c)
 
 
 def _validate_model_and_data(c) -> None:
@@ -114,6 +116,14 @@ def _validate_model_and_data(c) -> None:
     _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
     _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+    rows = c.rollout.batch_prompts * c.rollout.group_size
+    _check(c, r + "decode_slots", lambda v: _is_int(v) and 0 <= v <= rows,
+           f"an int in [0, batch_prompts x group_size = {rows}] (0 = all rows)")
+    known = all(_is_int(v) and v > 0 for v in (c.mesh.data, c.mesh.fsdp))  # -1: checked at start-up
+    shards = c.mesh.data * c.mesh.fsdp if known else 1
+    if c.rollout.decode_slots % shards:
+        _fail(r + "decode_slots", f"a multiple of mesh.data x mesh.fsdp = {shards} (the slots are sharded)",
+              c.rollout.decode_slots)
 
 
 def _validate_objective(c) -> None:
@@ -220,6 +230,11 @@ def _validate_training(c) -> None:
     if (c.rollout.batch_prompts // c.train.minibatches) % c.train.grad_accum:
         _fail("train.grad_accum", "a divisor of the prompts per minibatch "
               f"({c.rollout.batch_prompts // c.train.minibatches})", c.train.grad_accum)
+    _check(c, "train.pack_length", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
+    longest = c.data.max_prompt_length + c.rollout.max_new_tokens
+    if _is_int(longest) and 0 < c.train.pack_length < longest:
+        _fail("train.pack_length", f"0 (off) or at least data.max_prompt_length + rollout.max_new_tokens = {longest}, "
+              "the longest prompt + completion", c.train.pack_length)
     o = "optimizer."
     _check(c, o + "learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0")
@@ -294,6 +309,14 @@ def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
     if isinstance(node, ml_collections.ConfigDict) and path not in FREE_FORM:
         return f"'{path}' is a section, not a field (its fields: {', '.join(sorted(node.keys()))})"
     return None
+
+
+def _validate_env(c) -> None:
+    check_env_name(c.env.name)
+    _check(c, "env.max_turns", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "env.max_turn_tokens", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
+           "an int in [0, rollout.max_new_tokens] (0 = rollout.max_new_tokens)")
+    _check(c, "env.max_workers", lambda v: _is_int(v) and v >= 1, "an int >= 1")
 
 
 def _validate_eval(c) -> None:

@@ -120,7 +120,7 @@ def error_of(fn) -> str:
 
 def kv_cache_layout(trainer) -> dict:
     """The per-device shapes of every float32 buffer of rank >= 4 in the sampler's program compiled on this
-    mesh (the decode cache among them, in whatever layout sampling.py gives it), and the cache's global
+    mesh (the decode cache among them, in whatever layout the sampler gives it), and the cache's global
     dimensions (L, N, T, Hkv, hd)."""
     import jax
     import numpy as np

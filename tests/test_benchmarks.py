@@ -129,3 +129,12 @@ def test_attention_script_runs_at_toy_size():
         proc = subprocess.run([sys.executable, script, "--device-suite"], capture_output=True, text=True, timeout=300,
                               cwd=ROOT)
         assert proc.returncode != 0 and "--device-suite needs a GPU" in proc.stderr
+
+
+def test_pg_pass_script_runs_at_toy_size():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pg_pass.py"), "--toy"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| 32 | 1 | blockwise |" in proc.stdout and "| 16 | 2 | auto (= xla) |" in proc.stdout
+    assert "| blockwise |" in proc.stdout.split("target <= 1.5")[1]
+    assert "| packed |" in proc.stdout and "speed-up packed/padded" in proc.stdout

@@ -24,10 +24,14 @@ FORBIDDEN = {
 }
 for _unit in ("rl", "models", "data", "rewards", "sampling", "config", "validation", "presets"):
     FORBIDDEN[_unit].add("evaluate")  # evaluation sits above the algorithm packages, beside the trainer
+FORBIDDEN["envs"] = {"trainer", "sampling", "evaluate", "rl", "models", "config", "validation", "presets", "train",
+                     "export", "cli"}  # host-side episodes: data, rewards (the code sandbox), infrastructure
+for _unit in ("rl", "models", "data", "rewards", "sampling", "presets"):
+    FORBIDDEN[_unit].add("envs")  # config/validation read its registry; the trainer will run it
 FORBIDDEN["evaluate"] = {"train", "export"}  # it may use trainer/setup.py; the command lines are not a library
 INFRASTRUCTURE = ("checkpoint", "metrics", "distributed", "sharding", "fs", "faults", "preemption")
 for _unit in INFRASTRUCTURE:  # the infrastructure modules know nothing of the algorithm packages
-    FORBIDDEN[_unit] = {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "evaluate"}
+    FORBIDDEN[_unit] = {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "evaluate", "envs"}
 
 
 def imported_units(path: str, own: str) -> set[str]:

@@ -82,6 +82,17 @@ def test_one_step_of_every_preset(algo, tmp_path):
     assert (tmp_path / "DONE").read_text().strip() == "1"
 
 
+def test_one_step_with_continuous_batching(tmp_path):
+    """rollout.decode_slots: the rollout runs the continuous-batching sampler; the trainer still recomputes
+    exactly its log-probs."""
+    from jaxrl_llm.sampling import slots_program
+    before = slots_program._cache_size()
+    c = small_config(total_steps=1, **{"rollout.decode_slots": 3, "rollout.max_new_tokens": 6})
+    m = Trainer(c, str(tmp_path)).run()[0]
+    assert slots_program._cache_size() == before + 1
+    assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
+
+
 def test_reward_rises_on_easy_task(tmp_path):
     """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's."""
     c = tiny.get_config("algo=grpo")
@@ -160,6 +171,9 @@ BAD_CONFIGS = [
     ({"optimizer.schedule": "exp"}, "config.optimizer.schedule must be constant, cosine or linear"),
     ({"rollout.temperature": 0.0}, "config.rollout.temperature must be a number > 0"),
     ({"rollout.top_p": 1.5}, r"config.rollout.top_p must be in \(0, 1\]"),
+    ({"rollout.decode_slots": 9}, r"config.rollout.decode_slots must be an int in \[0, batch_prompts x group_size = 8\]"),
+    ({"rollout.decode_slots": 3, "mesh.data": 2, "mesh.fsdp": 1},
+     "config.rollout.decode_slots must be a multiple of mesh.data x mesh.fsdp = 2"),
     ({"train.minibatches": 3}, "config.train.minibatches must be a divisor of rollout.batch_prompts=4"),
     ({"loss.aggregate": "mean"}, "config.loss.aggregate must be one of token-mean"),
     ({"loss.dual_clip": 0.5}, "config.loss.dual_clip must be 0 .off. or a number > 1"),

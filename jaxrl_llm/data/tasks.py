@@ -83,7 +83,22 @@ def digit_puzzles(num_rows: int = 4096, seed: int = 0, weights: Sequence[float] 
                                        "level": [int(x) for x in levels]})
 
 
-TASKS = {"digit_puzzles": digit_puzzles}
+def guess_digit(num_rows: int = 4096, seed: int = 0, weights: Sequence[float] = LEVEL_WEIGHTS,
+                split: str = "train") -> datasets.Dataset:
+    """Rows of the multi-turn `guess_digit` environment (jaxrl_llm/envs/guess.py): the same `prompt` for
+    every row (it must say nothing about the digit), the `hidden` digit (uniform) and `answer` (its text).
+    `weights` is unused (one level)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if num_rows < 1:
+        raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+    rng = np.random.default_rng(seed if split == "train" else [seed, _TEST_STREAM])
+    hidden = [int(h) for h in rng.integers(0, 10, num_rows)]
+    return datasets.Dataset.from_dict({"prompt": ["guess:"] * num_rows, "hidden": hidden,
+                                       "answer": [str(h) for h in hidden]})
+
+
+TASKS = {"digit_puzzles": digit_puzzles, "guess_digit": guess_digit}
 
 
 def load_task(name: str, num_rows: int, seed: int, weights: Sequence[float] = LEVEL_WEIGHTS,

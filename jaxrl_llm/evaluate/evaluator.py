@@ -141,7 +141,8 @@ class Evaluator:
             r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
                          dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
                          max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         decode_slots=min(c.rollout.decode_slots, B * k))  # a smaller batch: all its rows
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)

@@ -177,6 +177,13 @@ def decode_prepare(config: ModelConfig, params, prefix_kv):
             tuple((pk[l], pv[l]) for l in layers))
 
 
+def decode_prefix_rows(config: ModelConfig, prefix, prompts: jax.Array):
+    """`decode_prepare`'s prefix of the prompts `prompts` (S,) int: the same structure with B -> S (a copy).
+    The continuous-batching sampler's decode slots each attend to the prefix of their own prompt."""
+    axis = 0 if decode_unrolled(config) else 1  # per-layer arrays, or the stacked (L, B, ...) ones
+    return jax.tree_util.tree_map(lambda a: jnp.take(a, prompts, axis=axis), prefix)
+
+
 def init_cache(config: ModelConfig, rows: int, slots: int):
     """Empty key/value caches for `rows` completions of up to `slots` tokens, head-major, keys transposed:
     k (N,Hkv,hd,T) and v (N,Hkv,T,hd) (see `attend_step`). An L-tuple of (k, v) when
@@ -204,8 +211,9 @@ def init_cache(config: ModelConfig, rows: int, slots: int):
 
 @precise
 def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask):
-    """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`;
-    cache from `init_cache` (or a previous step); cache_index scalar slot t; prefix_mask (B,P) bool.
+    """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`
+    (or `decode_prefix_rows`); cache from `init_cache` (or a previous step); cache_index the slot t: a
+    scalar, or (N,) one per row (rows at different steps); prefix_mask (B,P) bool.
 
     Returns (hidden (N,D) after the final norm, updated cache). The step sees the prompt plus slots 0..t.
     """

@@ -288,7 +288,7 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     """Attention of one new token per row over [its prompt ; cache slots 0..index], softmax in float32.
 
     q (N,Hkv,R,hd); cache_k (N,Hkv,hd,T) (keys transposed), cache_v (N,Hkv,T,hd), with this step's
-    key/value already in slot `index`; prefix_k (B,Hkv,hd,P), prefix_v (B,Hkv,P,hd) shared by the
+    key/value already in slot `index` (a scalar, or (N,) one slot per row); prefix_k (B,Hkv,hd,P), prefix_v (B,Hkv,P,hd) shared by the
     G = N/B rows of each prompt (never copied G times); prefix_mask (B,P) bool. The two score blocks are
     normalized jointly (one max, one sum) without being concatenated. Returns (N,Hkv,R,hd) float32.
 
@@ -303,7 +303,7 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
     to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
     s = jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(jnp.arange(cache_k.shape[3]) <= index, s, _NEG)
+    s = jnp.where(jnp.arange(cache_k.shape[3]) <= jnp.reshape(index, (-1, 1, 1, 1)), s, _NEG)
     sp = jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
     sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG)
     top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
@@ -318,8 +318,8 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
 
 def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
-    or the stacked caches with a leading L axis and `layer` the index of this one; index scalar slot;
-    prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
+    or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
+    or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
     cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
@@ -340,17 +340,9 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
         q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
-    ck, cv = cache
-    k = k.reshape(n, kvh, hd, 1)  # keys transposed: slot `index` is a column of (hd, T)
-    if layer is None:
-        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
-        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
-        keys, values = ck, cv
-    else:
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, 0, index))
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
-        keys = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False)
-        values = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False)
+    ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
+    keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
+                                                   for a in (ck, cv))
     a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask)
     x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
 
@@ -359,6 +351,22 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
     x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))
     return x, (ck, cv)
+
+
+def _cache_write(cache, k, v, index, layer):
+    """Writes k (N,Hkv,hd,1) and v (N,Hkv,1,hd) into slot `index` of the cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd),
+    or stacked with a leading L axis and `layer` the index of this one). A scalar `index` is one slot for
+    every row (an in-place slice update); an (N,) index is one slot per row (a scatter: the
+    continuous-batching sampler, whose rows are at different steps)."""
+    ck, cv = cache
+    if jnp.ndim(index) == 0:
+        at = () if layer is None else (layer,)
+        lead = (lambda a: a) if layer is None else (lambda a: a[None])
+        return (jax.lax.dynamic_update_slice(ck, lead(k).astype(ck.dtype), (*at, 0, 0, 0, index)),
+                jax.lax.dynamic_update_slice(cv, lead(v).astype(cv.dtype), (*at, 0, 0, index, 0)))
+    at = (jnp.arange(k.shape[0]),) if layer is None else (layer, jnp.arange(k.shape[0]))
+    return (ck.at[(*at, slice(None), slice(None), index)].set(k[..., 0].astype(ck.dtype)),
+            cv.at[(*at, slice(None), index)].set(v[:, :, 0].astype(cv.dtype)))
 
 
 def _dense_step(x, w, name, dt):

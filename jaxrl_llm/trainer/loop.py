@@ -44,6 +44,7 @@ from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
 from jaxrl_llm.trainer import async_rollout, feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
+from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
 from jaxrl_llm.trainer.workdir import prepare_workdir, undo_on_failure, write_run_files
@@ -69,6 +70,8 @@ class Trainer:
                  rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
         t0 = time.perf_counter()
         c, callables, rows = _with_python_inputs(config, rewards, dataset)
+        if c.env.name:  # jaxrl_llm/envs is ready; the sampler's turn handling is not
+            raise NotImplementedError("env.name set: multi-turn rollouts need the multi-turn sampler (not yet wired)")
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
@@ -105,6 +108,8 @@ class Trainer:
                                                 resume_step=self.start_step)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
+        self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
+                             self.mesh) if c.train.pack_length > 0 else None
 
     def _close_sinks(self) -> None:
         """Closes what a failed start may have opened in the workdir, before it is cleaned."""
@@ -184,7 +189,8 @@ class Trainer:
         pretraining = c.value.pretrain_steps > 0 and int(state.step) < c.value.pretrain_steps  # no sync when off
         update = fns.update_value if pretraining else fns.update
         with sharding.use_mesh(self.mesh):
-            b.update(fns.score(state, ref, b))
+            pack = self.packer.score(b) if self.packer else None
+            b.update(fns.score(state, ref, b, pack))
             b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed
             fields, kl_stats = fns.prepare(b, state.kl.value)
             b.update(fields)
@@ -192,7 +198,8 @@ class Trainer:
             for epoch in range(c.train.epochs):
                 perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
                 for m in range(c.train.minibatches):
-                    state, mm = update(state, b, perm[m * per_mb:(m + 1) * per_mb])
+                    pidx = perm[m * per_mb:(m + 1) * per_mb]
+                    state, mm = update(state, b, pidx, self.packer.update(pidx) if self.packer else None)
                     faults.point("update")  # the update is running on the donated state
                     step_metrics.append(mm)
             if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:
@@ -204,6 +211,7 @@ class Trainer:
         update_s = time.perf_counter() - t_upd
 
         m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs)
+        m.update(self.packer.metrics() if self.packer else {})
         m.update(batch.metrics)
         if self.is_async:
             m.update(async_rollout.staleness_metrics(batch))

@@ -46,7 +46,8 @@ class Rollouts:
         with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
                          num_samples=c.rollout.group_size, temperature=c.rollout.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         decode_slots=c.rollout.decode_slots)
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),

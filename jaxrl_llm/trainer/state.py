@@ -81,6 +81,7 @@ class UpdatePlan:
     ref_mix_alpha: float  # reference refresh: ref <- alpha * policy + (1 - alpha) * ref
     optimizer: OptimizerSpec
     value_optimizer: OptimizerSpec
+    pack_length: int = 0  # tokens per packed row of the score and update passes; 0 = unpacked
 
     @classmethod
     def from_config(cls, c) -> UpdatePlan:
@@ -91,7 +92,8 @@ class UpdatePlan:
                    minibatches=c.train.minibatches, grad_accum=c.train.grad_accum,
                    recompute_logprobs=c.rollout.recompute_logprobs, ref_mix_alpha=c.ref.mix_alpha,
                    optimizer=OptimizerSpec.from_config(c.optimizer, c.optimizer.learning_rate, length),
-                   value_optimizer=OptimizerSpec.from_config(c.optimizer, c.value.learning_rate, length))
+                   value_optimizer=OptimizerSpec.from_config(c.optimizer, c.value.learning_rate, length),
+                   pack_length=c.train.pack_length)
 
     @property
     def score_chunks(self) -> int:

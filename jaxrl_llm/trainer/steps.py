@@ -1,15 +1,16 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch)  -> reference log-probs, old values [and V(s_T)], recomputed proximal
-                                      log-probs, each (N,T)
+  score(state, ref_params, batch[, pack]) -> reference log-probs, old values [and V(s_T)], recomputed
+                                      proximal log-probs, each (N,T)
   prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
                                       (`Objective.prepare`)
-  update(state, batch, prompts)    -> state after one optimizer step on those prompts' rows, metrics
-  update_value(state, batch, prompts) -> the same step for the value model alone (VAPO's pretraining)
+  update(state, batch, prompts[, pack]) -> state after one optimizer step on those prompts' rows, metrics
+  update_value(state, batch, prompts[, pack]) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
 The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
-and the NaN guard. Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
+and the NaN guard. `pack` (train.pack_length > 0) is the packing plans of the score chunks or of the
+update's micro-batches (trainer/packs.py): the forwards then run on packed rows (models/packing.py). Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import optax
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.models.packing import packed_logprobs, packed_values
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.state import UpdatePlan
 
@@ -44,46 +46,56 @@ def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
 
 
-def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False):
-    """Log-probs (N,T) [and entropies] of the batch's completions under `params`."""
+def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0):
+    """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
+    when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding)."""
+    if pack is not None:
+        return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"], pack,
+                               pack_length, temperature, with_entropy=with_entropy)
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
 
-def values_of(mc: ModelConfig, vparams, b):
-    """Values (N,T) of the batch's completion tokens."""
+def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False):
+    """Values (N,T) of the batch's completion tokens [(N,T+1) with `last`: column T is V(s_T), the
+    state after the row's last token]; through packed rows when a packing plan is given."""
+    if pack is not None:
+        return packed_values(mc, vparams, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"], pack,
+                             pack_length, lambda h: value_head(mc, vparams, h), last=last)
+    if last:
+        # One more column: its value is V(s_T), the state after the last token (the dummy token fed
+        # at T is seen by no earlier position).
+        b = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
+             "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
     hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
     return value_head(mc, vparams, hidden)
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
-    def score_chunk(state, ref_params, b):
-        out = {}
+    def score_chunk(state, ref_params, b, pack=None):
+        out, packing = {}, {"pack": pack, "pack_length": plan.pack_length}
         if objective.uses_ref:
-            out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature)
+            out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature, **packing)
         if objective.value and objective.bootstrap_truncated:
-            # One more column: its value is V(s_T), the state after the last token (the dummy token fed
-            # at T is seen by no earlier position).
-            ext = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
-                   "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
-            values = values_of(mc, state.value_params, ext)
+            values = values_of(mc, state.value_params, b, last=True, **packing)
             out["old_values"] = jnp.where(b["mask"] > 0, values[:, :-1], 0.0)
             out["last_values"] = jnp.where(b["truncated"] > 0, values[:, -1], 0.0)
         elif objective.value:
-            out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b), 0.0)
+            out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b, **packing), 0.0)
         if plan.recompute_logprobs:
-            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature), 0.0)
+            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature, **packing), 0.0)
         return out
 
-    def score(state, ref_params, b):
+    def score(state, ref_params, b, pack=None):
         """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
-        prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk."""
+        prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk.
+        `pack`: None, or the chunks' packing plans (leading axis k; trainer/packs.py)."""
         k, G = plan.score_chunks, plan.group_size
         if k == 1:
-            return score_chunk(state, ref_params, b)
+            return score_chunk(state, ref_params, b, None if pack is None else jax.tree_util.tree_map(lambda x: x[0], pack))
         n_prompts = b["prompt_tokens"].shape[0]
         chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
-        outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx, G)), chunks)
+        outs = jax.lax.map(lambda xs: score_chunk(state, ref_params, minibatch(b, xs[0], G), xs[1]), (chunks, pack))
         # (k, B/k*G, ...) -> (B/k, k, G, ...) -> (N, ...): prompt i*k + j is row block (i, j).
         return {name: x.reshape(k, n_prompts // k, G, *x.shape[2:]).swapaxes(0, 1).reshape(n_prompts * G, *x.shape[2:])
                 for name, x in outs.items()}
@@ -96,42 +108,46 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
-    def losses(params, vparams, kl_coef, mb, den):
+    def losses(params, vparams, kl_coef, mb, den, pack):
         """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        logp, ent = logp_of(mc, params, mb, plan.temperature, with_entropy=True)
+        packing = {"pack": pack, "pack_length": plan.pack_length}
+        logp, ent = logp_of(mc, params, mb, plan.temperature, with_entropy=True, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
         aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
-            vl, vaux = objective.value_loss(values_of(mc, vparams, mb), mb, den)
+            vl, vaux = objective.value_loss(values_of(mc, vparams, mb, **packing), mb, den)
             loss, aux = loss + vl, {**aux, **vaux}
         return loss, aux
 
-    def gradients(state, b, pidx):
+    def gradients(state, b, pidx, pack):
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
-        (each normalized by the whole minibatch's denominator, so the sums are the minibatch's)."""
+        (each normalized by the whole minibatch's denominator, so the sums are the minibatch's).
+        `pack`: None, or the micro-batches' packing plans (leading axis grad_accum)."""
         den = objective.denominators(minibatch(b, pidx, plan.group_size))
         # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
         grad_fn = jax.value_and_grad(losses, argnums=(0, 1) if train_policy else (1,), has_aux=True)
 
-        def one(p):
+        def one(xs):
+            p, pk = xs
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                         minibatch(b, p, plan.group_size), den)
+                                         minibatch(b, p, plan.group_size), den, pk)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
             return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
 
-        micro = pidx.reshape(plan.grad_accum, -1)
-        acc, extremes = one(micro[0])
+        micro = (pidx.reshape(plan.grad_accum, -1), pack)
+        acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
         if plan.grad_accum > 1:
-            def body(acc, p):
-                out, ext = one(p)
+            def body(acc, xs):
+                out, ext = one(xs)
                 return jax.tree_util.tree_map(jnp.add, acc, out), ext
-            acc, more = jax.lax.scan(body, acc, micro[1:])
+            acc, more = jax.lax.scan(body, acc, jax.tree_util.tree_map(lambda x: x[1:], micro))
             extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
         return acc, extremes
 
-    def update(state, b, pidx):
-        """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite."""
-        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx)
+    def update(state, b, pidx, pack=None):
+        """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite.
+        `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
+        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx, pack)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)

@@ -2,6 +2,7 @@
 
 A workdir holds one run. Starting again with the same config resumes it; with another config it is
 refused (or, with `force_new`, the old run is moved aside to `<workdir>/replaced-<time>/`, never deleted).
+A field the old run's config.json lacks (it was written by an earlier version) counts as its default.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from etils import epath
 
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import fs
+from jaxrl_llm.config import base_config
 
 # Fields that may change between a run and its resumption (they do not change what is computed; the
 # mesh only changes float rounding: a checkpoint restores onto any mesh; evaluation draws from a stream
@@ -82,6 +84,7 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
         raise ValueError(f"workdir {workdir}: config.json is not valid JSON ({e}); restore it, or use "
                          "another workdir") from None
     new = json.loads(resolved.to_json())
+    old = _with_added_defaults(old, new, json.loads(base_config().to_json()))
     diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
     if not diff:
         return
@@ -96,6 +99,21 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
             if not entry.name.startswith("replaced-"):
                 entry.rename(aside / entry.name)
     dist.sync("force_new")
+
+
+def _with_added_defaults(old: dict, new: dict, default: dict) -> dict:
+    """`old` with the fields it lacks filled in where `new` holds their default: a run written by an
+    earlier version of the library, which had no such field, ran with the feature off, so resuming it
+    with the field at its default is the same run. A field the new run sets otherwise stays a difference."""
+    out = dict(old)
+    for k, v in new.items():
+        d = default.get(k) if isinstance(default, dict) else None
+        if k not in old:
+            if v == d:
+                out[k] = v
+        elif isinstance(old[k], dict) and isinstance(v, dict):
+            out[k] = _with_added_defaults(old[k], v, d if isinstance(d, dict) else {})
+    return out
 
 
 def _first_difference(old, new, key, prefix=""):

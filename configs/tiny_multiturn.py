@@ -1,0 +1,40 @@
+"""The built-in multi-turn task: the tiny random model guesses a hidden digit from '<'/'>' replies.
+
+Only feedback solves it (jaxrl_llm/envs/guess.py): the prompt is the same for every row, so a policy
+that ignores the replies finds the digit in K = env.max_turns guesses with probability at most K/10
+(0.4 here), while a binary search on the replies always finds it (1.0). Each model turn is one token
+(a digit), each reply one token; rollout.max_new_tokens = 2K bounds the whole episode.
+
+  python -m jaxrl_llm.train --config=configs/tiny_multiturn.py --workdir=/tmp/tiny_mt
+
+Not runnable yet: the multi-turn sampler is not wired, and the trainer says so at start.
+"""
+import importlib.util
+import os
+
+
+def _tiny_config(arg):
+    """configs/tiny.py's config (loaded by path: config files are not a package)."""
+    spec = importlib.util.spec_from_file_location("_tiny", os.path.join(os.path.dirname(__file__), "tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def get_config(arg=None):
+    c = _tiny_config(arg)
+    c.total_steps = 300
+    c.data.task = "guess_digit"
+    c.data.prompt_column = "prompt"
+    c.data.answer_column = "answer"
+    c.data.extra_columns = ("hidden",)
+    c.data.max_prompt_length = 8
+
+    c.env.name = "guess_digit"
+    c.env.max_turns = 4
+    c.env.max_turn_tokens = 1  # one digit per turn
+    c.reward.functions = ""  # the environment's turn rewards (1 for the right guess) are the score
+
+    c.rollout.max_new_tokens = 2 * c.env.max_turns  # a guess and a reply per turn
+    c.eval.every_steps = 0  # held-out evaluation is single-turn for now
+    return c

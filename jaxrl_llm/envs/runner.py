@@ -1,0 +1,139 @@
+"""Runs an environment for all rows of a batch: resets, one `step` per active row per turn (in a
+thread pool, for slow tools), the turn limit, errors and the `env/*` metrics.
+
+Errors: an exception raised by `reset` is the environment's bug on a data row and stops the run (a
+one-line ValueError naming the row). An exception raised by `step`, or a malformed return (an
+observation that is neither text, messages nor None; a NaN or non-numeric reward), ends that episode:
+the environment's state can no longer be trusted. The turn earns no reward, the row's error count
+grows, the run goes on. Errors the environment handles itself (a malformed tool call, a tool that
+raised) are not exceptions: it replies with an error observation, the episode goes on, and it reports
+them in `info["errors"]`, which count in `env/errors/mean` too.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_llm.envs.base import Observation, StepResult, check_observation, check_reward
+
+
+def as_messages(obs: Observation) -> list[dict]:
+    """An observation as chat messages: a text becomes one user message."""
+    if obs is None:
+        return []
+    if isinstance(obs, str):
+        return [{"role": "user", "content": obs}]
+    return [dict(m) for m in obs]
+
+
+class EpisodeBatch:
+    """The episodes of `rows` (one per row) under `env`, at most `max_turns` model turns each.
+
+    prompts[i]: row i's initial prompt (messages or text). history[i]: for a chat prompt, its messages so
+    far (prompt, then each assistant turn and observation): what the chat template renders; None for a
+    text prompt. Call `step(turn_texts)` after each model turn; it returns the observations to append.
+    """
+
+    def __init__(self, env, rows: Sequence[Mapping[str, Any]], *, max_turns: int, max_workers: int = 8):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.env, self.max_turns = env, max_turns
+        self.prompts, self.states = [], []
+        for i, row in enumerate(rows):
+            try:
+                prompt, state = env.reset(row)
+            except Exception as e:  # noqa: BLE001
+                raise ValueError(f"environment {type(env).__name__}.reset raised on row {i}: "
+                                 f"{type(e).__name__}: {e}") from e
+            if not isinstance(prompt, str):
+                prompt = [dict(m) for m in check_observation(prompt) or []]
+            self.prompts.append(prompt)
+            self.states.append(state)
+        n = len(self.prompts)
+        self.history = [None if isinstance(p, str) else list(p) for p in self.prompts]
+        self.turns = np.zeros(n, np.int32)
+        self.done = np.zeros(n, bool)
+        self.aborted = np.zeros(n, bool)  # ended by an exception of the environment
+        self.errors = np.zeros(n, np.int32)
+        self.tool_calls = np.zeros(n, np.int32)
+        self.turn_rewards: list[list[float | None]] = [[] for _ in range(n)]
+        self.last_error: list[str] = [""] * n
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers) if max_workers > 1 else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def step(self, turn_texts: Sequence[str | None], *, cannot_continue: Sequence[bool] | None = None
+             ) -> list[Observation]:
+        """One turn: `turn_texts[i]` is row i's model turn (None for rows already done). Rows in
+        `cannot_continue` (the model ended with EOS, or the token budget is spent) are stepped (the
+        environment still rewards that turn) and then end. Returns the observation of each row, None for
+        the rows that are done now."""
+        n = len(self.prompts)
+        if len(turn_texts) != n:
+            raise ValueError(f"turn_texts has {len(turn_texts)} entries for {n} episodes")
+        active = [i for i in range(n) if not self.done[i]]
+        for i in active:
+            if not isinstance(turn_texts[i], str):
+                raise ValueError(f"episode {i} is active but its turn text is {turn_texts[i]!r:.40}")
+        run = (self._pool.map if self._pool is not None else map)
+        results = list(run(lambda i: self._step_one(i, turn_texts[i]), active))
+        out: list[Observation] = [None] * n
+        stop = cannot_continue if cannot_continue is not None else [False] * n
+        for i, (result, error) in zip(active, results):
+            self.turns[i] += 1
+            if error is not None:
+                self.errors[i] += 1
+                self.aborted[i] = self.done[i] = True
+                self.last_error[i] = error
+                self.turn_rewards[i].append(None)
+                continue
+            self.states[i] = result.state
+            self.turn_rewards[i].append(result.reward)
+            self.errors[i] += int(result.info.get("errors", 0))
+            self.tool_calls[i] += int(result.info.get("tool_calls", 0))
+            if self.history[i] is not None:
+                self.history[i].append({"role": "assistant", "content": turn_texts[i]})
+            if result.done or stop[i] or self.turns[i] >= self.max_turns:
+                self.done[i] = True
+                continue
+            if self.history[i] is not None:
+                self.history[i].extend(as_messages(result.observation))
+            out[i] = result.observation
+        return out
+
+    def _step_one(self, i: int, text: str) -> tuple[StepResult | None, str | None]:
+        try:
+            result = self.env.step(self.states[i], text)
+            if not isinstance(result, StepResult):
+                raise ValueError(f"step returned {type(result).__name__}, not a StepResult")
+            check_observation(result.observation)
+            reward = check_reward(result.reward)
+            return StepResult(result.observation, reward, result.state, dict(result.info or {})), None
+        except Exception as e:  # noqa: BLE001 - the episode ends, the run goes on
+            return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+    def episode_rewards(self) -> np.ndarray:
+        """(N,) float32: the sum of each episode's turn rewards (None counts 0)."""
+        return np.asarray([sum(r for r in rs if r is not None) for rs in self.turn_rewards], np.float32)
+
+    def metrics(self) -> dict[str, float]:
+        """`env/turns/mean`, `env/tool_calls/mean`, `env/errors/mean`, `env/aborted_frac`,
+        `env/reward/mean` and `env/reward/turn{k}/mean` (over the episodes that reached turn k)."""
+        out = {"env/turns/mean": float(self.turns.mean()), "env/tool_calls/mean": float(self.tool_calls.mean()),
+               "env/errors/mean": float(self.errors.mean()), "env/aborted_frac": float(self.aborted.mean()),
+               "env/reward/mean": float(self.episode_rewards().mean())}
+        for k in range(max((len(r) for r in self.turn_rewards), default=0)):
+            values = [r[k] or 0.0 for r in self.turn_rewards if len(r) > k]
+            out[f"env/reward/turn{k + 1}/mean"] = float(np.mean(values))
+        return out

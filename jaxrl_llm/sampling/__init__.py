@@ -1,0 +1,94 @@
+"""The group sampler: prefill each prompt once, decode G completions per prompt with a KV cache.
+
+Two jit-compiled programs behind one entry point, `generate`:
+  * `batch.generate_program` (decode_slots = 0, the default): all N = B*G rows decode together until the
+    last one ends;
+  * `slots.slots_program` (decode_slots = S): continuous batching, S rows in flight, a finished row's
+    slot taking the next pending row -- for heavy-tailed completion lengths (docs/sampling.md).
+Drawing one token per row: `draw` (one uniform per row inverts the CDF; greedy is an argmax).
+
+Log-prob convention (the trainer's, docs/design.md "Conventions"): `logprobs[n, t]` is
+log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k` and
+`top_p` only change which token is drawn (nucleus on the temperature-scaled distribution after top-k),
+never this number, so the trainer recomputes exactly what the sampler reports; `behavior_logprobs` is
+the log-prob of the truncated, renormalised distribution the token was really drawn from, which every
+importance ratio against the sampler needs (docs/algorithms/off_policy.md). With temperature=0
+(greedy) the reported log-prob is that of log_softmax(logits) (temperature 1).
+
+Prompt lengths: callers pad each batch to a length bucket (see docs/data.md) so that variable prompt
+lengths compile only a handful of shapes.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.sampling.batch import Rollout, generate_program
+from jaxrl_llm.sampling.draw import argmax, categorical, draw_tokens, row_uniforms
+from jaxrl_llm.sampling.slots import slots_program
+
+__all__ = ["Rollout", "generate", "generate_program", "slots_program", "argmax", "categorical", "draw_tokens",
+           "row_uniforms"]
+
+
+def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids,
+           pad_id, decode_slots):
+    """One-line ValueErrors before anything is compiled."""
+    if prompts.ndim != 2:
+        raise ValueError(f"prompts must be (B, P), got shape {prompts.shape}")
+    if prompt_mask.shape != prompts.shape:
+        raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompts shape {prompts.shape}")
+    if not jnp.issubdtype(prompts.dtype, jnp.integer):
+        raise ValueError(f"prompts must be integer token ids, got dtype {prompts.dtype}")
+    if not (jnp.issubdtype(prompt_mask.dtype, jnp.integer) or prompt_mask.dtype == jnp.bool_):
+        raise ValueError(f"prompt_mask must be int or bool, got dtype {prompt_mask.dtype}")
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")
+    if top_k > config.vocab_size:
+        raise ValueError(f"top_k={top_k} exceeds the vocabulary size {config.vocab_size}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not eos_ids:
+        raise ValueError("eos_ids must name at least one end-of-sequence token id")
+    for t in (*eos_ids, pad_id):
+        if not 0 <= int(t) < config.vocab_size:
+            raise ValueError(f"token id {t} (eos_ids/pad_id) is outside the vocabulary [0, {config.vocab_size})")
+    rows = prompts.shape[0] * num_samples
+    if not isinstance(decode_slots, (int, np.integer)) or not 0 <= decode_slots <= rows:
+        raise ValueError(f"decode_slots must be an int in [0, {rows}] (the number of rows), got {decode_slots!r}")
+    total = prompts.shape[1] + max_new_tokens
+    if total > config.max_position_embeddings:
+        raise ValueError(f"prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "
+                         f"the model's max_position_embeddings {config.max_position_embeddings}")
+
+
+def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_tokens: int, num_samples: int = 1,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int],
+             pad_id: int, decode_slots: int = 0) -> Rollout:
+    """Samples `num_samples` completions for each left-padded prompt (see the module docstring).
+
+    prompts, prompt_mask (B,P) int; rng a PRNG key. Same key -> same rollout; rows of a group differ.
+    `temperature` and `top_p` are traced (changing them does not recompile); `top_k`, the shapes and the
+    greedy / nucleus switches are static. decode_slots: 0 decodes all N rows as one static batch
+    (`batch.generate_program`); S in [1, N] keeps S rows in flight with continuous batching
+    (`slots.slots_program`, per-row random streams: the same rollout for every S, a different one from 0).
+    """
+    prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
+    eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
+    _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids, pad_id,
+           decode_slots)
+    program = (functools.partial(slots_program, slots=int(decode_slots)) if decode_slots else generate_program)
+    return program(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,
+                   jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_new_tokens=int(max_new_tokens),
+                   num_samples=int(num_samples), top_k=int(top_k), greedy=temperature == 0,
+                   nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id))

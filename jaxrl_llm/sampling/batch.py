@@ -1,0 +1,110 @@
+"""The static-batch sampler (`rollout.decode_slots` = 0): prefill each prompt once, then decode all N rows
+together with a KV cache until the last one is done.
+
+Shapes: B prompts, P prompt tokens (left-padded), G = num_samples, N = B*G rows (the G completions of
+prompt b are rows b*G .. b*G+G-1), T = max_new_tokens, V vocabulary, L layers.
+
+One XLA program per (B, P, T, G) and sampling mode:
+  1. prefill: the B prompts run once; their per-layer keys/values (L,B,P,Hkv,hd) are the shared prefix
+     that all G completions of a prompt attend to -- never copied G times;
+  2. the first token of every row is drawn from its prompt's last logits;
+  3. a `lax.while_loop` decodes one token per step for all N rows into per-layer caches (keys
+     (N,Hkv,hd,T), values (N,Hkv,T,hd)) that the loop carries and XLA updates in place, and exits as
+     soon as every row has emitted an EOS
+     (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
+Token t of all rows is drawn from one key, fold_in(rng, t).
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.lm import decode_prepare, decode_step, init_cache, logits_from_hidden, prefill
+from jaxrl_llm.sampling.draw import draw_tokens
+
+
+@flax.struct.dataclass
+class Rollout:
+    """Completions of a batch of prompts, N = B*G rows, completions of one prompt contiguous.
+
+    tokens (N,T) int32 -- pad_id after EOS;  logprobs (N,T) float32 -- 0 where mask is 0 (the trainer's
+    convention: full vocabulary);  behavior_logprobs (N,T) float32 -- of the distribution each token was
+    drawn from (top-k/top-p truncated and renormalised; = logprobs without truncation), 0 where mask is 0;
+    mask (N,T) int32 -- 1 on generated tokens including the EOS;  lengths (N,) int32 = mask.sum(1);
+    truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    behavior_logprobs: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
+                                             "nucleus", "eos_ids", "pad_id"))
+def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, *, max_new_tokens, num_samples,
+              top_k, greedy, nucleus, eos_ids, pad_id):
+    b, _ = prompts.shape
+    g, t_max = num_samples, max_new_tokens
+    n = b * g
+    draw = functools.partial(draw_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                             nucleus=nucleus)
+    eos = jnp.asarray(eos_ids, jnp.int32)
+
+    # 1. prefill once per prompt.
+    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    prefix_mask = prompt_mask.astype(bool)
+    last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
+    start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
+
+    # 2. first token of every row from its prompt's logits (independent draws per row).
+    token, logp, blogp = draw(jax.random.fold_in(rng, 0), jnp.repeat(last_logits, g, axis=0))
+    tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(token)
+    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
+    mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
+    done = jnp.isin(token, eos)
+
+    # 3. decode: step t feeds token t (cache slot t) and draws token t+1. Weights are fused and the prompt
+    # prefix re-laid out once here, outside the loop.
+    weights, prefix = decode_prepare(config, params, prefix_kv)
+    cache = init_cache(config, n, t_max)
+
+    def cond(state):
+        t, _, _, _, done, _, _ = state
+        return (t < t_max - 1) & ~jnp.all(done)
+
+    def body(state):
+        t, tokens, logprobs, mask, done, cache, token = state
+        with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
+            hidden, cache = decode_step(config, params, weights, token, start + t, cache, t, prefix, prefix_mask)
+        with jax.named_scope("lm_head"):
+            logits = logits_from_hidden(config, params, hidden)
+        with jax.named_scope("draw"):
+            new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits)
+        alive = ~done
+        new = jnp.where(alive, new, pad_id)
+        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
+        both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (N,2): one update for the pair
+        logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
+        mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
+        done = done | jnp.isin(new, eos)
+        return t + 1, tokens, logprobs, mask, done, cache, new
+
+    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token)
+    _, tokens, logprobs, mask, done, _, _ = jax.lax.while_loop(cond, body, state)
+    return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
+                   lengths=jnp.sum(mask, axis=-1),
+                   truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),
+                   prompt_mask=jnp.repeat(prompt_mask, g, axis=0))

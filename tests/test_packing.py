@@ -1,0 +1,187 @@
+"""Sequence packing (`train.pack_length`): plans, packed passes against the unpacked path (the slow
+reference), the trainer's score and update passes, and a short run with and without packing."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm import sharding
+from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.models.lm import init_params
+from jaxrl_llm.models.packing import (first_fit_decreasing, pack_rows, packed_logprobs, packed_values, plan_packs,
+                                      sequence_lengths)
+from jaxrl_llm.models.value import init_value_params
+from jaxrl_llm.trainer import Trainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_trainer import small_config  # noqa: E402
+
+B, G, P, T, L = 3, 2, 6, 12, 20
+PLENS, CLENS = (2, 6, 4), (1, 12, 3, 0, 7, 2)  # very uneven; row 3 is empty (a DAPO filler row)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    pm, cm = np.zeros((B, P), np.int32), np.zeros((B * G, T), np.int32)
+    for i, n in enumerate(PLENS):
+        pm[i, P - n:] = 1
+    for i, n in enumerate(CLENS):
+        cm[i, :n] = 1
+    cm[4, 3] = 0  # a hole inside a completion
+    return (rng.integers(1, 50, (B, P)).astype(np.int32), pm, rng.integers(1, 50, (B * G, T)).astype(np.int32), cm,
+            jnp.asarray(rng.normal(size=(B * G, T)), jnp.float32) * cm)
+
+
+def model(attention):
+    return ModelConfig(model_type="qwen2", vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=4, qkv_bias=True, max_position_embeddings=64,
+                       attention=attention, attention_block=8)
+
+
+def single(plan):
+    return jax.tree_util.tree_map(lambda x: x[0], plan)
+
+
+def test_plans_are_valid_packings_and_rows_are_bucketed():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        lengths = rng.integers(0, 30, size=rng.integers(1, 40)) * (rng.random() > 0.2)
+        row, offset, fills = first_fit_decreasing(lengths, 30)
+        used = np.zeros((len(fills), 30), int)
+        for n, (r, o) in enumerate(zip(row, offset)):
+            assert (r < 0) == (lengths[n] == 0)
+            if r >= 0:
+                used[r, o:o + lengths[n]] += 1
+        assert used.max(initial=0) <= 1 and used.sum() == lengths.sum()  # disjoint, all placed, within a row
+        assert list(used.sum(axis=1)) == fills
+        total = lengths.sum()
+        assert -(-total // 30) <= len(fills) <= 2 * total / 30 + 1  # first fit: no two rows half empty
+    for needed in range(1, 200):
+        for multiple in (1, 2, 8):
+            r = pack_rows(needed, multiple, cap=10 ** 6)
+            assert r % multiple == 0 and needed <= r <= max(1.25 * needed + 8 * multiple, 8 * multiple)
+    assert pack_rows(50, 4, cap=40) == 52  # at most one row per sequence (rounded to the shards), never fewer than needed
+    with pytest.raises(ValueError, match="train.pack_length=10"):
+        first_fit_decreasing(np.array([3, 11]), 10)
+
+
+@pytest.mark.parametrize("attention", ["xla", "blockwise"])
+def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention):
+    """Against the unpacked prompt-shared pass (the reference): 1e-5 on every real token, float32."""
+    pt, pm, ct, cm, w = batch
+    mc = model(attention)
+    params = init_params(mc, jax.random.PRNGKey(0))
+    plan = single(plan_packs(np.asarray(sequence_lengths(pm, cm))[None], L))
+    assert plan["slots"].shape == (3,) and (plan["row"][3] == -1)  # 43 real tokens in 3 rows of 20; row 3 dropped
+
+    def ref(p):
+        return logprobs_from_hidden(mc, p, completion_hidden(mc, p, pt, pm, ct, cm), ct, 0.7, with_entropy=True)
+
+    def packed(p):
+        return packed_logprobs(mc, p, pt, pm, ct, cm, plan, L, 0.7, with_entropy=True)
+
+    loss = lambda f: lambda p: sum(jnp.sum(x * w) for x in f(p))
+    la, ga = jax.jit(jax.value_and_grad(loss(ref)))(params)
+    lb, gb = jax.jit(jax.value_and_grad(loss(packed)))(params)
+    np.testing.assert_allclose(lb, la, atol=1e-5)
+    past_end = np.cumsum(cm[:, ::-1], axis=1)[:, ::-1] == 0  # after a row's last real token
+    for x, y in zip(jax.jit(ref)(params), jax.jit(packed)(params)):
+        np.testing.assert_allclose(np.where(cm > 0, y, 0), np.where(cm > 0, x, 0), atol=1e-5)
+        assert np.all(np.asarray(y)[past_end] == 0)  # padding reads 0, not another sequence's value
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5), ga, gb)
+    # Values with the bootstrap column: V(s_T) of the full-length row 1 is its last token's state.
+    vp = init_value_params(mc, params, jax.random.PRNGKey(1), head_std=0.5)
+    ext_t, ext_m = np.pad(ct, ((0, 0), (0, 1))), np.pad(cm, ((0, 0), (0, 1)), constant_values=1)
+    want = jax.jit(lambda v: value_head(mc, v, completion_hidden(mc, v["backbone"], pt, pm, ext_t, ext_m)))(vp)
+    got = jax.jit(lambda v: packed_values(mc, v, pt, pm, ct, cm, plan, L, lambda h: value_head(mc, v, h),
+                                          last=True))(vp)
+    assert got.shape == (B * G, T + 1)
+    np.testing.assert_allclose(np.where(cm > 0, got[:, :-1], 0), np.where(cm > 0, want[:, :-1], 0), atol=1e-5)
+    np.testing.assert_allclose(got[1, -1], want[1, -1], atol=1e-5)
+
+
+def test_which_rows_share_a_pack_does_not_matter(batch):
+    """Property: any valid assignment of sequences to packed rows (here: FFD, one row each in reverse
+    order, and all in one long row) gives the same log-probs; a plan that overlaps two sequences does not."""
+    pt, pm, ct, cm, _ = batch
+    mc = model("blockwise")
+    params = init_params(mc, jax.random.PRNGKey(0))
+    lengths = np.asarray(sequence_lengths(pm, cm))
+    f = jax.jit(lambda plan, length: packed_logprobs(mc, params, pt, pm, ct, cm, plan, length), static_argnums=1)
+    base = np.asarray(f(single(plan_packs(lengths[None], L)), L))
+    n = len(lengths)
+    alone = {"row": np.where(lengths > 0, n - 1 - np.arange(n), -1).astype(np.int32),
+             "offset": np.zeros(n, np.int32), "slots": np.zeros(n, np.int32)}
+    one_row = {"row": np.where(lengths > 0, 0, -1).astype(np.int32),
+               "offset": np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32), "slots": np.zeros(1, np.int32)}
+    for plan, length in ((alone, L), (one_row, int(lengths.sum()))):
+        np.testing.assert_allclose(np.where(cm > 0, f(plan, length), 0), np.where(cm > 0, base, 0), atol=1e-5)
+    overlap = dict(one_row, offset=np.maximum(one_row["offset"] - 2, 0).astype(np.int32))
+    assert np.abs(np.where(cm > 0, f(overlap, int(lengths.sum())) - base, 0)).max() > 1e-3
+
+
+def packed_config(**overrides):
+    """PPO (value model, bootstrap column, KL to a reference, recomputed log-probs) with 2 micro-batches."""
+    return small_config("ppo", **{"rollout.group_size": 2, "rollout.max_new_tokens": 6, "train.grad_accum": 2,
+                                  "rollout.recompute_logprobs": True, "advantage.bootstrap_truncated": True,
+                                  "kl.coef": 0.05, "entropy_coef": 0.01, **overrides})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two short runs, packed and not: (trainers, histories) by pack_length."""
+    trainers = {n: Trainer(packed_config(**{"train.pack_length": n, "total_steps": 2}),
+                           str(tmp_path_factory.mktemp(f"pack{n}"))) for n in (0, 32)}
+    return trainers, {n: t.run() for n, t in trainers.items()}
+
+
+def test_short_run_packed_matches_unpacked(runs):
+    _, history = runs
+    for a, b in zip(history[0], history[32]):
+        assert "train/pack_efficiency" not in a and 0 < b.pop("train/pack_efficiency") <= 1
+        assert set(a) == set(b)
+        for k in a:
+            if not k.startswith("perf/"):
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_packed_score_and_update_equal_unpacked(runs):
+    """The trainer's jitted passes (value model with the bootstrap column, reference, recomputed
+    log-probs, 2 micro-batches), packed against unpacked, on one rollout of the trained policy."""
+    t = runs[0][32]
+    state = t.state
+    local, _, _ = t.rollouts.collect(state.params, jax.random.PRNGKey(3))
+    b = t.rollouts.device_batch(local)
+    ref = t.frozen_ref if state.ref_params is None else state.ref_params
+    pidx = jnp.array([3, 0, 2, 1])
+    with sharding.use_mesh(t.mesh):
+        pack = t.packer.score(b)
+        want, got = t.fns.score(state, ref, b), t.fns.score(state, ref, b, pack)
+        assert set(got) == set(want) == {"ref_logp", "old_values", "last_values", "old_logp"}
+        for k in ("old_values", "last_values", "old_logp"):  # masked where the trainer masks them
+            np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(np.where(b["mask"], got["ref_logp"], 0), np.where(b["mask"], want["ref_logp"], 0),
+                                   atol=1e-5)
+        b.update(want)
+        b.update(t.fns.prepare(b, state.kl.value)[0])
+        plan = t.packer.update(pidx)
+        copy = lambda s: jax.tree_util.tree_map(jnp.copy, s)  # the update donates its state
+        s_want, m_want = t.fns.update(copy(state), b, pidx)
+        s_got, m_got = t.fns.update(copy(state), b, pidx, plan)
+    assert plan["row"].shape == (2, 4) and 0 < t.packer.metrics()["train/pack_efficiency"] <= 1
+    for k in m_want:
+        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for new in ("params", "value_params"):
+        jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5),
+                               getattr(s_want, new), getattr(s_got, new))
+
+
+def test_pack_length_shorter_than_a_row_is_refused(tmp_path):
+    c = packed_config(**{"train.pack_length": 8})
+    with pytest.raises(ValueError, match=r"config.train.pack_length must be 0 \(off\) or at least "
+                                         r"data.max_prompt_length \+ rollout.max_new_tokens"):
+        Trainer(c, str(tmp_path))

@@ -1,15 +1,16 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch)  -> reference log-probs, old values [and V(s_T)], recomputed proximal
+  score(state, ref_params, batch[, base]) -> reference log-probs, old values [and V(s_T)], recomputed proximal
                                       log-probs, each (N,T)
   prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
                                       (`Objective.prepare`)
-  update(state, batch, prompts)    -> state after one optimizer step on those prompts' rows, metrics
+  update(state, batch, prompts[, base]) -> state after one optimizer step on those prompts' rows, metrics
   update_value(state, batch, prompts) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
 The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
-and the NaN guard. Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
+and the NaN guard. With LoRA, `base` is the frozen base the trained `state.params` (the adapters) are
+joined to (models/lora.py), and `ref_params` is that base itself. Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.state import UpdatePlan
 
@@ -44,9 +45,10 @@ def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
 
 
-def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False):
+def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, dropout_rng=None):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`."""
-    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"],
+                               dropout_rng)
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
 
@@ -57,7 +59,7 @@ def values_of(mc: ModelConfig, vparams, b):
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
-    def score_chunk(state, ref_params, b):
+    def score_chunk(state, ref_params, b, base):
         out = {}
         if objective.uses_ref:
             out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature)
@@ -72,18 +74,19 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
         elif objective.value:
             out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b), 0.0)
         if plan.recompute_logprobs:
-            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature), 0.0)
+            policy = lora.join(base, state.params)
+            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, policy, b, plan.temperature), 0.0)
         return out
 
-    def score(state, ref_params, b):
+    def score(state, ref_params, b, base=None):
         """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
         prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk."""
         k, G = plan.score_chunks, plan.group_size
         if k == 1:
-            return score_chunk(state, ref_params, b)
+            return score_chunk(state, ref_params, b, base)
         n_prompts = b["prompt_tokens"].shape[0]
         chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
-        outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx, G)), chunks)
+        outs = jax.lax.map(lambda pidx: score_chunk(state, ref_params, minibatch(b, pidx, G), base), chunks)
         # (k, B/k*G, ...) -> (B/k, k, G, ...) -> (N, ...): prompt i*k + j is row block (i, j).
         return {name: x.reshape(k, n_prompts // k, G, *x.shape[2:]).swapaxes(0, 1).reshape(n_prompts * G, *x.shape[2:])
                 for name, x in outs.items()}
@@ -96,9 +99,10 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
-    def losses(params, vparams, kl_coef, mb, den):
+    def losses(params, vparams, kl_coef, mb, den, base, dropout_rng):
         """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        logp, ent = logp_of(mc, params, mb, plan.temperature, with_entropy=True)
+        logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                            dropout_rng=dropout_rng)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
         aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
@@ -106,7 +110,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             loss, aux = loss + vl, {**aux, **vaux}
         return loss, aux
 
-    def gradients(state, b, pidx):
+    def gradients(state, b, pidx, base):
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's)."""
         den = objective.denominators(minibatch(b, pidx, plan.group_size))
@@ -114,8 +118,10 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         grad_fn = jax.value_and_grad(losses, argnums=(0, 1) if train_policy else (1,), has_aux=True)
 
         def one(p):
+            # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
+            key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                         minibatch(b, p, plan.group_size), den)
+                                         minibatch(b, p, plan.group_size), den, base, key)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
             return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
 
@@ -129,9 +135,9 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
         return acc, extremes
 
-    def update(state, b, pidx):
+    def update(state, b, pidx, base=None):
         """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite."""
-        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx)
+        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx, base)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)

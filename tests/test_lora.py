@@ -83,6 +83,26 @@ def test_unmerged_adapters_equal_the_numpy_merge(base):
                                forward(lora.base_config(mc), numpy_merge(fewer, params, no_down), TOKENS), atol=2e-5)
 
 
+def test_adapter_gradients_are_the_projected_kernel_gradients(base):
+    """dL/dB = s A^T dL/dW and dL/dA = s dL/dW B^T at W' = W + s A B: the unmerged backward against
+    the merged model's kernel gradients."""
+    from jaxrl_llm.models import completion_hidden, logprobs_from_hidden
+    _, _, mc, params = base
+    ad = adapters_of(mc, 0.1)
+    args = (TOKENS[:1, :3], np.ones((1, 3), np.int32), TOKENS[:2, 3:], np.ones((2, 3), np.int32))
+    loss = lambda c, p: logprobs_from_hidden(c, p, completion_hidden(c, p, *args), args[2]).sum()
+    g_ad = jax.grad(lambda a: loss(mc, lora.join(params, a)))(ad)["layers"]
+    g_w = jax.grad(lambda w: loss(lora.base_config(mc), w))(lora.merge(mc, lora.join(params, ad)))["layers"]
+    s, r = mc.lora_alpha / mc.lora_rank, mc.lora_rank
+    for name, p in ad["layers"].items():
+        a, b = (np.asarray(p[k]).reshape(mc.num_layers, *shape) for k, shape in (("lora_a", (-1, r)), ("lora_b", (r, -1))))
+        g = np.asarray(g_w[name]["kernel"]).reshape(mc.num_layers, a.shape[1], b.shape[2])
+        np.testing.assert_allclose(np.asarray(g_ad[name]["lora_b"]).reshape(b.shape),
+                                   s * np.einsum("lir,lio->lro", a, g), atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(g_ad[name]["lora_a"]).reshape(a.shape),
+                                   s * np.einsum("lio,lro->lir", g, b), atol=2e-5, rtol=1e-4)
+
+
 def test_peft_adapter_gives_our_logits(base, tmp_path):
     import torch
     from peft import PeftModel
@@ -124,6 +144,31 @@ def test_sampler_uses_the_adapters(base, unrolled, monkeypatch):
     assert gap(params, lora.base_config(mc)) > 1e-2  # a sampler without the adapters would fail above
 
 
+def test_dropout_acts_on_the_adapter_input_only_given_a_dropout_rng(base):
+    import flax.linen as nn
+    from jaxrl_llm.models import completion_hidden
+    from jaxrl_llm.models.transformer import Dense
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+    dense = Dense((6,), ("embed", "mlp"), lora_rank=3, lora_scale=2.0, lora_dropout=0.5)
+    v = nn.meta.unbox(dense.init(jax.random.PRNGKey(1), x))
+    v = {"params": {**v["params"], "lora_b": jax.random.normal(jax.random.PRNGKey(2), (3, 6))}}
+    plain = np.asarray(dense.apply(v, x))  # no rng: the score pass and the sampler
+    a, b = (np.asarray(v["params"][k], np.float64) for k in ("lora_a", "lora_b"))
+    np.testing.assert_allclose(plain, x @ np.asarray(v["params"]["kernel"]) + 2.0 * x @ a @ b, atol=1e-5)
+    draws = jax.vmap(lambda k: dense.apply(v, x, rngs={"dropout": k}))(jax.random.split(jax.random.PRNGKey(3), 4000))
+    draws = np.asarray(draws)
+    assert np.abs(draws - plain).max() > 0.1  # it drops
+    np.testing.assert_allclose(draws.mean(0), plain, atol=0.15)  # inverted dropout: unbiased in expectation
+    # In the model: the pass given a key differs, the pass without one is the dropout-free model's.
+    _, _, mc, params = base
+    policy = lora.join(params, adapters_of(mc, 0.1))
+    args = (TOKENS[:1, :3], np.ones((1, 3), np.int32), TOKENS[:2, 3:], np.ones((2, 3), np.int32))
+    dropped = mc.replace(lora_dropout=0.3)
+    np.testing.assert_array_equal(completion_hidden(dropped, policy, *args), completion_hidden(mc, policy, *args))
+    assert np.abs(completion_hidden(dropped, policy, *args, dropout_rng=jax.random.PRNGKey(0))
+                  - completion_hidden(mc, policy, *args)).max() > 1e-3
+
+
 # ------------------------------------------------------------------------------------- trainer end to end
 def lora_config(model_path, total_steps=2, **kw):
     return small_config(total_steps=total_steps, **{"model.path": model_path, "lora.rank": 4, "lora.alpha": 8.0,
@@ -155,6 +200,10 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(run):
     assert all(np.any(p["lora_b"]) for p in t.state.params["layers"].values())  # B left zero: they trained
     sizes = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree) if np.ndim(x))
     assert sizes(t.state.opt_state) == 2 * sizes(t.state.params)  # Adam's moments of the adapters alone
+    d, f, q, kv = (t.mc.hidden_size, t.mc.intermediate_size, t.mc.num_heads * t.mc.head_dim,
+                   t.mc.num_kv_heads * t.mc.head_dim)  # counted by hand: r * (in + out) of the 7 targets
+    per_layer = 4 * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + f) + (f + d))
+    assert sizes(t.state.params) == lora.num_adapter_params(t.mc) == t.mc.num_layers * per_layer
     assert t.frozen_ref is t.base and t.state.ref_params is None  # the reference is no copy
     # The score pass's reference log-probs are the base's, computed here independently.
     local, _, _ = t.rollouts.collect(t.policy(t.state), jax.random.PRNGKey(5), 0)

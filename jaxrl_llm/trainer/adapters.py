@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 
 import jax
 import ml_collections
@@ -16,6 +17,8 @@ from jaxrl_llm import sharding
 from jaxrl_llm.checkpoint import checksums
 from jaxrl_llm.models import ModelConfig, init_params, lora, param_logical_axes
 from jaxrl_llm.models.config import config_to_hf_dict
+
+log = logging.getLogger(__name__)
 
 BASE_KEY = "lora_base"  # checkpoint metadata: the identity of the base the adapters were trained on
 
@@ -43,6 +46,9 @@ def split_trainable(mc: ModelConfig, params, shardings, mesh, rng):
     if not mc.lora_rank:
         return None, params, shardings
     adapters, adapter_shardings = init_adapters(mc, mesh, jax.random.fold_in(rng, 1))
+    n, total = lora.num_adapter_params(mc), lora.base_config(mc).num_params()
+    log.info("LoRA r=%d on %s: %d trainable parameters (%.3g%% of the base's %d)", mc.lora_rank,
+             ",".join(mc.lora_targets), n, 100 * n / total, total)
     return params, adapters, adapter_shardings
 
 

@@ -7,7 +7,7 @@ places that run the policy:
   update: forward + backward of the completion log-probs with respect to the adapters (the train step's
           bulk). Merged, the backward forms the full-size gradient of every adapted kernel, then projects it.
   sample: `generate` (prefill + decode loop). Unrolled decode (small models) copies the weights anyway and
-          merges into that copy; the scanned decode (large models) reads the parameters in place, and
+          merges into that copy (against the base alone); the scanned decode (large models) reads the parameters in place, and
           either adds s B(A x) per step (unmerged, what the sampler does) or gets a merged copy first.
 
 Prints milliseconds per call and the ratios merged / unmerged (> 1: unmerged is faster).
@@ -73,12 +73,14 @@ def main():
     sample = lambda c, p: generate(c, p, prompts, pmask, jax.random.PRNGKey(1), max_new_tokens=t, num_samples=g,
                                    eos_ids=(1,), pad_id=0).tokens
     policy = lora.join(base, adapters)
-    jax.block_until_ready(sample(mc, policy))  # the unrolled program, compiled before the switch below
+    for c, p in ((mc, policy), (base_mc, base)):  # the unrolled programs, compiled before the switch below
+        jax.block_until_ready(sample(c, p))
     lm.DECODE_UNROLL_MAX_LAYERS = 0  # the scanned decode of large models (new configs: no cached program)
     scan_mc = mc.replace(logits_chunk=mc.logits_chunk + 1)
     merge = jax.jit(lambda p: lora.merge(scan_mc, p))
     ms = interleaved_ms({"update unmerged": lambda: grads[False](adapters), "update merged": lambda: grads[True](adapters),
-                         "unrolled": lambda: sample(mc, policy), "scanned unmerged": lambda: sample(scan_mc, policy),
+                         "unrolled": lambda: sample(mc, policy), "unrolled base": lambda: sample(base_mc, base),
+                         "scanned unmerged": lambda: sample(scan_mc, policy),
                          "scanned merged": lambda: sample(lora.base_config(scan_mc), merge(policy))}, args.repeats)
     upd = {False: ms["update unmerged"], True: ms["update merged"]}
     unrolled, scanned, scanned_merged = ms["unrolled"], ms["scanned unmerged"], ms["scanned merged"]
@@ -88,7 +90,8 @@ def main():
           f"{upd[True] / upd[False]:.2f}")
     print(f"sample, scanned   unmerged {scanned:8.1f}  merged {scanned_merged:8.1f}  merged/unmerged "
           f"{scanned_merged / scanned:.2f}")
-    print(f"sample, unrolled  merged into the step's weight copy {unrolled:8.1f}")
+    print(f"sample, unrolled  merged into the step's weight copy {unrolled:8.1f}  the base without adapters "
+          f"{ms['unrolled base']:8.1f}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ setup(
     ],
     extras_require={
         # torch runs transformers in parity tests only; library code never imports it.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "peft>=0.21"],  # peft: LoRA adapter parity
         # Workdirs on Google Cloud Storage (gs://): etils.epath and TensorBoard go through these.
         "gcs": ["gcsfs", "google-cloud-storage"],
     },

@@ -7,13 +7,16 @@
     python benchmarks/memory_plan.py --toy                    # seconds: a tiny model (keeps the script from rotting)
     python benchmarks/memory_plan.py --attention xla          # the dense attention path instead of auto's choice
     python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
+    python benchmarks/memory_plan.py --model qwen2.5-32b --meshes 1x8x1 --lora-rank 16   # LoRA: adapters train
 
 How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
 starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is
 allocated), and lowers and compiles the trainer's REAL jitted functions on it: the sampler
 (`sampling.generate_program`), the reference/value pass (`score`) and the update (`update`), from
 `trainer.step_functions`. XLA's `memory_analysis()` of each compiled program gives the per-device bytes
-of its arguments, outputs and temporaries after SPMD partitioning. Parameters, optimizer states and the
+of its arguments, outputs and temporaries after SPMD partitioning. With --lora-rank the state holds the
+adapters and their optimizer state, the frozen base is held beside it ("params" counts both) and is
+the reference itself ("reference" is 0), as in the trainer (docs/lora.md). Parameters, optimizer states and the
 reference are summed from their shardings (exact). The decode cache (L, N, T, Hkv, hd) for keys and
 values is shown apart, from the layout the sampler's program gives it (rows like the batch over
 data x fsdp, KV heads over tensor when it divides them; checked by tests/test_scaling.py); it is part
@@ -61,7 +64,10 @@ TOY = {
     "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": False,
     "hidden_act": "silu", "eos_token_id": 1,
 }
-MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "toy": TOY}
+# config.json of Qwen/Qwen2.5-32B.
+QWEN25_32B = dict(QWEN25_7B, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                  num_attention_heads=40, num_key_value_heads=8)
+MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY}
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 
@@ -86,6 +92,8 @@ def parse_args(argv=None):
                    help="train.pack_length: tokens per packed row of the score and update passes; 0 = off")
     p.add_argument("--mean_new_tokens", "--mean-new-tokens", type=int, default=0,
                    help="mean completion length the packed plan assumes; 0 = new_tokens / 4")
+    p.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="LoRA adapters of this rank; 0 = full")
+    p.add_argument("--lora-targets", dest="lora_targets", default="q,k,v,o,gate,up,down", help="LoRA targets")
     p.add_argument("--toy", action="store_true", help="a tiny model and small batch on meshes of 4 devices")
     p.add_argument("--out", default="", help="markdown file whose memory-plan block is replaced")
     p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
@@ -126,14 +134,16 @@ def run_config(args, grad_accum: int):
     c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
     c.train.pack_length = args.pack_length
+    c.lora.rank, c.lora.targets = args.lora_rank, args.lora_targets
     return prepare(c)
 
 
 def model_config(args):
     from jaxrl_llm.models.config import config_from_hf_dict
+    lora = {"lora_rank": args.lora_rank, "lora_targets": tuple(args.lora_targets.split(","))} if args.lora_rank else {}
     return config_from_hf_dict(MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
                                dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk,
-                               attention=args.attention)
+                               attention=args.attention, **lora)
 
 
 def per_chip(tree) -> int:
@@ -175,7 +185,7 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
     import jax.numpy as jnp
     import numpy as np
     from jaxrl_llm import rl, sharding
-    from jaxrl_llm.models import init_params, init_value_params, param_logical_axes, value_logical_axes
+    from jaxrl_llm.models import init_params, init_value_params, lora, param_logical_axes, value_logical_axes
     from jaxrl_llm.sampling import generate_program
     from jaxrl_llm.trainer import TrainState, UpdatePlan, make_optimizer, step_functions
 
@@ -190,17 +200,23 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
                          f"data*fsdp={divisor}")
 
     # ---- the abstract train state, laid out as Trainer.__init__ lays it out
-    p_abs = jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0)))
-    p_sh = sharding.logical_to_sharding(param_logical_axes(mc), p_abs, mesh)
-    params = abstract(p_abs, p_sh)
+    bmc = lora.base_config(mc)
+    p_abs = base_abs = jax.eval_shape(lambda: init_params(bmc, jax.random.PRNGKey(0)))
+    p_sh = sharding.logical_to_sharding(param_logical_axes(bmc), p_abs, mesh)
+    params, base = abstract(p_abs, p_sh), None
+    if mc.lora_rank:  # the state trains the adapters; the base is frozen beside it (trainer/adapters.py)
+        base = params
+        p_abs = lora.split(jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0))))[1]
+        p_sh = sharding.logical_to_sharding(lora.split(param_logical_axes(mc))[1], p_abs, mesh, name="lora")
+        params = abstract(p_abs, p_sh)
     total_updates = c.total_steps * c.train.epochs * c.train.minibatches
     tx, _ = make_optimizer(c.optimizer, c.optimizer.learning_rate, total_updates)
     o_abs = jax.eval_shape(tx.init, p_abs)
     opt = abstract(o_abs, sharding.optimizer_shardings(tx, o_abs, p_sh, mesh))
     value = value_opt = None
     if c.value.enabled:
-        v_abs = jax.eval_shape(lambda p: init_value_params(mc, p), p_abs)
-        v_sh = sharding.logical_to_sharding(value_logical_axes(mc), v_abs, mesh, name="value")
+        v_abs = jax.eval_shape(lambda p: init_value_params(bmc, p), base_abs)
+        v_sh = sharding.logical_to_sharding(value_logical_axes(bmc), v_abs, mesh, name="value")
         value = abstract(v_abs, v_sh)
         vtx, _ = make_optimizer(c.optimizer, c.value.learning_rate, total_updates)
         vo_abs = jax.eval_shape(vtx.init, v_abs)
@@ -213,7 +229,7 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
                        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), params=params, opt_state=opt,
                        ref_params=params if refresh else None, value_params=value, value_opt_state=value_opt,
                        kl=abstract(kl_abs, jax.tree_util.tree_map(lambda _: rep, kl_abs)), nonfinite=scalar(jnp.int32))
-    ref = params if uses_ref and not refresh else None
+    ref = (params if base is None else base) if uses_ref and not refresh else None
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
     leaves, treedef = jax.tree_util.tree_flatten(shardings)
     fns = step_functions(objective, UpdatePlan.from_config(c), mc, mesh, treedef, tuple(leaves))
@@ -226,22 +242,24 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
              "sampler_logp": sds((N, T), jnp.float32), "behavior_logp": sds((N, T), jnp.float32),
              "scores": sds((N,), jnp.float32), "truncated": sds((N,), jnp.int32)}
 
-    out = {"params": per_chip(params), "opt": per_chip(opt), "ref": per_chip(state.ref_params or ref),
+    out = {"params": per_chip(params) + per_chip(base), "opt": per_chip(opt),
+           "ref": per_chip(state.ref_params or ref) if base is None else 0,  # LoRA: the base is the reference
+           "trainable": sum(x.size for x in jax.tree_util.tree_leaves(params)),
            "value": per_chip(value) + per_chip(value_opt)}
     with sharding.use_mesh(mesh):
-        gen = generate_program.lower(mc, params, batch["prompt_tokens"], batch["prompt_mask"],
+        gen = generate_program.lower(mc, lora.join(base, params), batch["prompt_tokens"], batch["prompt_mask"],
                                      jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
                                      scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
                                      nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
         score_pack, update_pack = abstract_packs(c, mesh, mean_new_tokens)
-        score = fns.score.lower(state, ref, batch, score_pack).compile()
-        scored = jax.eval_shape(fns.score, state, ref, batch, score_pack)
+        score = fns.score.lower(state, ref, batch, score_pack, base).compile()
+        scored = jax.eval_shape(fns.score, state, ref, batch, score_pack, base)
         full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})
         full.setdefault("old_logp", full["behavior_logp"])
         fields, _ = jax.eval_shape(fns.prepare, full, state.kl.value)
         full.update({k: None if v is None else sds(v.shape, v.dtype) for k, v in fields.items()})
         pidx = jax.ShapeDtypeStruct((B // c.train.minibatches,), jnp.int32, sharding=rep)
-        update = fns.update.lower(state, full, pidx, update_pack).compile()
+        update = fns.update.lower(state, full, pidx, update_pack, base).compile()
 
     mem = {name: prog.memory_analysis() for name, prog in (("sample", gen), ("score", score), ("update", update))}
     out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh)
@@ -307,6 +325,8 @@ def main(argv=None):
     title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
              f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
              f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}, attention={mc.attention}, "
+             f"{'LoRA r=%d on %s, ' % (mc.lora_rank, args.lora_targets) if mc.lora_rank else ''}"
+             f"{results[0][1]['trainable']:,} trainable parameters; "
              + (f"packed in rows of {c.train.pack_length} (mean completion {args.mean_new_tokens or c.rollout.max_new_tokens // 4}); "
                 if c.train.pack_length else "unpacked; ") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")

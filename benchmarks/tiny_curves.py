@@ -2,6 +2,13 @@
 the held-out pass@1 (128 prompts of the task's test split, never trained on, 16 samples each).
 
   python benchmarks/tiny_curves.py [--algos grpo,dr_grpo,dapo,gspo,sapo,ppo] [--steps N] [--out docs/tiny_curves.png]
+  python benchmarks/tiny_curves.py --algos grpo --lora-rank 16 --lora-lr 1e-3 --base-steps 150 --steps 400 \
+      --out docs/lora_curves.png
+
+LoRA (--lora-rank R): the random tiny model is no base to adapt (its frozen, tied embedding of std 0.02
+bounds every logit, docs/lora.md), so a base is trained first: --base-steps of full fine-tuning of the
+first algorithm, exported. Then full fine-tuning and LoRA (rank R, --lora-lr) each continue from that
+base for --steps steps, plotted side by side.
 
 For every algorithm, each in its own process (a fresh start, compile included, like a user's run), it
 prints the wall time of the whole run and checks the issue's bar: the mean reward of the last 10% of
@@ -26,9 +33,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "sapo", "ppo")
 
 
-def run(algo: str, steps: int | None, workdir: str) -> tuple[float, list[dict]]:
+def run(algo: str, steps: int | None, workdir: str, extra: tuple[str, ...] = (),
+        export: bool = False) -> tuple[float, list[dict]]:
     cmd = [sys.executable, "-m", "jaxrl_llm.train", f"--config={ROOT}/configs/tiny.py:algo={algo}",
-           f"--workdir={workdir}", "--config.log.progress=False", "--config.export.at_end=False"]
+           f"--workdir={workdir}", "--config.log.progress=False", f"--config.export.at_end={export}", *extra]
     if steps:
         cmd.append(f"--config.total_steps={steps}")
     t0 = time.perf_counter()
@@ -51,18 +59,31 @@ def main():
     ap.add_argument("--algos", default=",".join(ALGOS))
     ap.add_argument("--steps", type=int, default=0, help="0: the config's default length")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "tiny_curves.png"))
+    ap.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="> 0: full vs LoRA from a trained base")
+    ap.add_argument("--lora-lr", dest="lora_lr", type=float, default=1e-3, help="LoRA's learning rate")
+    ap.add_argument("--base-steps", dest="base_steps", type=int, default=150, help="full fine-tuning steps of the base")
     args = ap.parse_args()
     results = {}
-    for algo in args.algos.split(","):
+    variants = [(algo, algo, ()) for algo in args.algos.split(",")]
+    base_tmp = tempfile.TemporaryDirectory()
+    if args.lora_rank:
+        algo = variants[0][1]
+        base_wall, _ = run(algo, args.base_steps, base_tmp.name, ("--config.eval.every_steps=0",), export=True)
+        print(f"base: {args.base_steps} steps of full {algo} in {base_wall:.0f} s", flush=True)
+        common = (f"--config.model.path={base_tmp.name}/hf",)
+        lora = (f"--config.lora.rank={args.lora_rank}", f"--config.lora.alpha={args.lora_rank}",
+                f"--config.optimizer.learning_rate={args.lora_lr}")
+        variants = [(f"{algo} full", algo, common), (f"{algo} LoRA r={args.lora_rank}", algo, common + lora)]
+    for label, algo, extra in variants:
         with tempfile.TemporaryDirectory() as work:
-            wall, rows = run(algo, args.steps or None, work)
+            wall, rows = run(algo, args.steps or None, work, extra)
         r = np.array([row["reward/mean"] for row in rows if "reward/mean" in row])  # step 0: evaluation only
         init, final = r[:10].mean(), r[-max(1, len(r) // 10):].mean()
         need = init + 0.5 * (1.0 - init)
         ev_curve, ends = held_out(rows)
-        results[algo] = dict(wall=wall, steps=len(r), init=init, final=final, need=need, curve=r, eval=ev_curve,
+        results[label] = dict(wall=wall, steps=len(r), init=init, final=final, need=need, curve=r, eval=ev_curve,
                              **ends)
-        print(f"{algo:8s} {len(r):4d} steps {wall:6.1f} s  reward {init:+.3f} -> {final:+.3f} "
+        print(f"{label:8s} {len(r):4d} steps {wall:6.1f} s  reward {init:+.3f} -> {final:+.3f} "
               f"(bar {need:.3f}) {'PASS' if final >= need and wall <= 300 else 'FAIL'}  held-out pass@1 "
               f"{ends['pass@1'][0]:.3f} -> {ends['pass@1'][1]:.3f}, pass@8 {ends['pass@8'][0]:.3f} -> "
               f"{ends['pass@8'][1]:.3f}", flush=True)
@@ -80,7 +101,8 @@ def main():
             ax_eval.plot(res["eval"][:, 0], res["eval"][:, 1], color=f"C{i}", marker="o", ms=3, label=algo)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward (moving average)")
-    ax.set_title("configs/tiny.py: training reward, digit puzzles from a random init, CPU", fontsize=9)
+    start = f"from a {args.base_steps}-step base" if args.lora_rank else "from a random init"
+    ax.set_title(f"configs/tiny.py: training reward, digit puzzles {start}, CPU", fontsize=9)
     ax_eval.set_xlabel("step")
     ax_eval.set_ylabel("held-out pass@1")
     ax_eval.set_title("held-out pass@1: 128 test-split prompts never trained on, 16 samples each", fontsize=9)

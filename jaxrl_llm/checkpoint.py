@@ -113,8 +113,8 @@ class Checkpointer:
         self.manager.reload()
         return aside.name
 
-    def restore_params(self, abstract_params, step: int | None = None):
-        """(step, policy params) alone, without reading optimizer states (export)."""
+    def restore_params(self, abstract_params, step: int | None = None, *, with_meta: bool = False):
+        """(step, policy params [, the metadata saved with them]) alone, without reading optimizer states."""
         steps = self.steps()
         if not steps:
             raise FileNotFoundError(f"{self.directory}: no checkpoint")
@@ -139,7 +139,7 @@ class Checkpointer:
                              f"available steps: {steps}") from None
         finally:
             reader.close()
-        return step, restored["state"]["params"]
+        return (step, restored["state"]["params"]) + ((dict(restored["meta"]),) if with_meta else ())
 
     def wait(self):
         self.manager.wait_until_finished()

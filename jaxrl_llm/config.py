@@ -52,6 +52,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.intermediate_size = 128
     c.model.max_position_embeddings = 128
 
+    c.lora = ml_collections.ConfigDict()  # LoRA: adapters on a frozen base (docs/lora.md)
+    c.lora.rank = 0  # adapter rank r; 0 = off (full fine-tuning)
+    c.lora.alpha = 16.0  # the adapters' output is scaled by alpha / rank
+    c.lora.targets = "q,k,v,o,gate,up,down"  # comma-separated projections that get adapters
+    c.lora.dropout = 0.0  # dropout on the adapters' input in the update's forward (never when sampling/scoring)
+
     c.tokenizer = ""  # tokenizer path or hub name; "" = model.path, or the built-in one for the built-in model
 
     c.data = default_data_config()

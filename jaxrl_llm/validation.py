@@ -79,6 +79,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _validate_model_and_data(c)
     _validate_objective(c)
     _validate_training(c)
+    _validate_lora(c)
     _validate_io(c)
     reward_specs(c)
     _validate_eval(c)
@@ -245,6 +246,21 @@ def _validate_training(c) -> None:
         _check(c, o + f, lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
     _check(c, o + "eps", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "max_grad_norm", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = off)")
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _validate_lora(c) -> None:
+    _check(c, "lora.rank", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
+    _check(c, "lora.alpha", lambda v: _is_num(v) and v > 0, "a number > 0")
+    _check(c, "lora.dropout", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
+    targets = [t.strip() for t in str(c.lora.targets).split(",")]
+    if not all(t in LORA_TARGETS for t in targets) or len(set(targets)) != len(targets):
+        _fail("lora.targets", f"distinct comma-separated names of {', '.join(LORA_TARGETS)}", c.lora.targets)
+    if c.lora.rank and c.ref.refresh_every:
+        _fail("ref.refresh_every", "0 with lora.rank > 0 (the reference is the frozen base itself)",
+              c.ref.refresh_every)
 
 
 def _validate_io(c) -> None:

@@ -86,7 +86,7 @@ def test_a_typo_inside_a_config_file_fails_the_cli_before_anything_loads(tmp_pat
     ("rollout.gruop_size", "unknown config field 'rollout.gruop_size'; did you mean 'rollout.group_size'?"),
     ("rolout.group_size", "unknown config field 'rolout'; did you mean 'rollout'?"),
     ("total_step", "unknown config field 'total_step'; did you mean 'total_steps'?"),
-    ("lora.rank", "unknown config field 'lora' (no such section; sections: advantage, checkpoint, correction,"),
+    ("vision.patch", "unknown config field 'vision' (no such section; sections: advantage, checkpoint, correction,"),
     ("rollout.xyzzy", "unknown config field 'rollout.xyzzy' (fields of rollout: batch_prompts, compute_dtype,"),
     ("seed.x", "config field 'seed' is a value, not a section: no field 'seed.x'"),
     ("rollout", "'rollout' is a section, not a field (its fields: batch_prompts,"),
@@ -98,11 +98,11 @@ def test_unknown_override_paths_name_the_field_and_the_nearest_ones(path, messag
 
 
 def test_cli_names_the_argument_of_an_unknown_field():
-    """ml_collections reported `--config.lora.rank=4 --config.export.plot=False` as "unknown config field
-    '' in --config.export.plot=False: lora": the field of one argument against the other."""
+    """ml_collections reported `--config.vision.patch=4 --config.export.plot=False` as "unknown config field
+    '' in --config.export.plot=False: vision": the field of one argument against the other."""
     from jaxrl_llm import cli
-    argv = ["prog", "--config=configs/tiny.py", "--config.export.plot=False", "--config.lora.rank=4"]
-    with pytest.raises(cli.UnknownConfigField, match=r"^--config.lora.rank=4: unknown config field 'lora' "
+    argv = ["prog", "--config=configs/tiny.py", "--config.export.plot=False", "--config.vision.patch=4"]
+    with pytest.raises(cli.UnknownConfigField, match=r"^--config.vision.patch=4: unknown config field 'vision' "
                                                      r"\(no such section; sections: "):
         cli._check_config_overrides(argv)
     cli._check_config_overrides(["prog", "--config.rollout.group_size=4", "--workdir=x"])  # known: passes

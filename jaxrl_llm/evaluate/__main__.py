@@ -60,8 +60,7 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
 
     from jaxrl_llm import evaluate, sharding
     from jaxrl_llm.checkpoint import Checkpointer
-    from jaxrl_llm.models import init_params, param_logical_axes
-    from jaxrl_llm.trainer import setup
+    from jaxrl_llm.trainer import adapters, setup
 
     mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
     setup.check_batch_fits(c, mesh)
@@ -69,14 +68,11 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
     model_path, tokenizer, mc, eos_ids, pad_id = setup.load_model_config(c)
     if source == "model":
         params, _ = setup.load_params(c, mc, model_path, mesh, jax.random.PRNGKey(c.seed))
-    else:
-        abstract = jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0)))
-        shardings = sharding.logical_to_sharding(param_logical_axes(mc), abstract, mesh)
-        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                          abstract, shardings)
+    else:  # a LoRA run's adapters go on its base, read from model.path (or drawn from the seed)
+        base = setup.load_params(c, mc, model_path, mesh, adapters.base_rng(c.seed))[0] if mc.lora_rank else None
         ckpt = Checkpointer(str(epath.Path(workdir) / "checkpoints"), async_save=False)
         try:
-            step, params = ckpt.restore_params(abstract, step)
+            step, params = adapters.restore_policy(mc, base, ckpt, step, mesh, workdir)
         finally:
             ckpt.close()
     evaluator = evaluate.Evaluator(c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id,

@@ -64,6 +64,11 @@ class ModelConfig:
     logits_chunk: int = 128  # sequence chunk of token_logprobs: (B, chunk, V) is the largest logits block
     attention: str = "auto"  # auto | xla | blockwise | cudnn | splash: multi-token attention (models/kernels.py)
     attention_block: int = 256  # blockwise attention's query and key tile (tokens)
+    # LoRA adapters (models/lora.py): declared on the `lora_targets` projections when lora_rank > 0.
+    lora_rank: int = 0  # 0 = none
+    lora_alpha: float = 16.0  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_targets: tuple[str, ...] = ()  # of q, k, v, o, gate, up, down
+    lora_dropout: float = 0.0  # dropout on the adapters' input, in passes given a "dropout" rng only
 
     @property
     def kv_groups(self) -> int:

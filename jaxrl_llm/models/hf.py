@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_llm import faults
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig, config_to_hf_dict, read_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -334,5 +335,19 @@ def save_hf(path: str, config: ModelConfig, params, *, tokenizer=None, dtype=Non
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         faults.point("export")  # every file written, not yet renamed into place
+
+    atomic_directory(path, write)
+
+
+def save_peft_adapter(path: str, config: ModelConfig, adapters, base_path: str = "", dtype=None):
+    """Writes a PEFT LoRA adapter directory atomically: adapter_config.json and adapter_model.safetensors
+    (models/lora.py's names and layout). `PeftModel.from_pretrained(<the base>, path)` then gives the
+    merged model's logits."""
+    tensors = lora.peft_state_dict(config, adapters, dtype)
+
+    def write(tmp):
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "adapter_config.json"), "w", encoding="utf-8") as f:
+            json.dump(lora.peft_config(config, base_path), f, indent=2)
 
     atomic_directory(path, write)

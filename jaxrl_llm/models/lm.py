@@ -107,35 +107,38 @@ def token_logprobs(config: ModelConfig, params, tokens: jax.Array, attention_mas
 # ------------------------------------------------------------------ prompt-shared passes (sampler, trainer)
 @precise
 def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Array, *,
-            with_lm_head: bool = True):
-    """Runs the prompts once. prompts/prompt_mask (B,P) left-padded.
+            with_lm_head: bool = True, rngs=None):
+    """Runs the prompts once. prompts/prompt_mask (B,P) left-padded. rngs: {"dropout": key} in training
+    with LoRA dropout (models/lora.py), else None.
 
     Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd).
     """
     hidden, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
-        {"params": params}, prompts, positions_from_mask(prompt_mask), prompt_mask.astype(bool))
+        {"params": params}, prompts, positions_from_mask(prompt_mask), prompt_mask.astype(bool), rngs=rngs)
     return hidden, kv
 
 
 @precise
-def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask):
+def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask,
+                      dropout_rng=None):
     """Hidden states that predict each completion token, sharing each prompt across its G completions.
 
     prompts/prompt_mask (B,P) left-padded; completions/completion_mask (N,T) right-padded, N = B*G,
     rows b*G..b*G+G-1 continue prompt b. Returns (N,T,D) with row n, column t predicting completions[n, t]:
     column 0 is the prompt's last hidden state, column t > 0 the completion's hidden state at t-1.
     Equal (up to float rounding) to running the concatenated [prompt; completion] rows one by one, at
-    B*P + N*T token cost instead of N*(P+T).
+    B*P + N*T token cost instead of N*(P+T). dropout_rng: a key for LoRA dropout (training only).
     """
     b = prompts.shape[0]
     n, t = completions.shape
     g = n // b
-    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    rngs = [None, None] if dropout_rng is None else [{"dropout": k} for k in jax.random.split(dropout_rng)]
+    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False, rngs=rngs[0])
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     c_hidden, _ = Decoder(config, with_lm_head=False).apply(
         {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
-        prefix_mask=prompt_mask.astype(bool))
+        prefix_mask=prompt_mask.astype(bool), rngs=rngs[1])
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
     return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
 

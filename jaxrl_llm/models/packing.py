@@ -133,10 +133,12 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
 
 
 @precise
-def packed_hidden(config: ModelConfig, params, packed):
-    """Final-norm hidden states (R,L,D) of packed rows: each segment attends only to itself."""
+def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
+    """Final-norm hidden states (R,L,D) of packed rows: each segment attends only to itself.
+    dropout_rng: a key for LoRA dropout (training only)."""
     hidden, _ = Decoder(config, with_lm_head=False).apply(
-        {"params": params}, packed["tokens"], packed["positions"], packed["mask"], segment_ids=packed["segment_ids"])
+        {"params": params}, packed["tokens"], packed["positions"], packed["mask"], segment_ids=packed["segment_ids"],
+        rngs=None if dropout_rng is None else {"dropout": dropout_rng})
     return hidden
 
 
@@ -147,11 +149,11 @@ def unpack(x, source, valid, columns: int):
 
 
 def packed_logprobs(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask, plan,
-                    pack_length: int, temperature=1.0, *, with_entropy: bool = False):
+                    pack_length: int, temperature=1.0, *, with_entropy: bool = False, dropout_rng=None):
     """`logprobs_from_hidden(completion_hidden(...))` through packed rows: logp (n,T) [and entropy (n,T)],
     equal on every real completion token, 0 elsewhere. The LM head runs on the packed slots only."""
     packed, source, valid = pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length)
-    hidden = packed_hidden(config, params, packed)
+    hidden = packed_hidden(config, params, packed, dropout_rng)
     targets = jnp.roll(packed["tokens"], -1, axis=1)  # the slot after each one: the token it predicts
     out = logprobs_from_hidden(config, params, hidden, targets, temperature, with_entropy=with_entropy)
     t = completions.shape[1]

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 from jaxrl_llm.models.kernels import attend
 
@@ -135,7 +136,11 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 
 
 class Dense(nn.Module):
-    """y = x . kernel (+ bias) contracting the last `contract` input axes; logical axis names on params."""
+    """y = x . kernel (+ bias) contracting the last `contract` input axes; logical axis names on params.
+
+    With lora_rank > 0 it also declares the adapters `lora_a`, `lora_b` (models/lora.py) and adds
+    lora_scale * B(A x) wherever they are in the params (the base tree alone runs without them).
+    """
 
     out_shape: tuple[int, ...]
     axes: tuple[str, ...]  # logical names of kernel axes: contracted input axes, then output axes
@@ -143,6 +148,9 @@ class Dense(nn.Module):
     contract: int = 1
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    lora_rank: int = 0
+    lora_scale: float = 0.0
+    lora_dropout: float = 0.0  # on the adapters' input, only when the pass has a "dropout" rng
 
     @nn.compact
     def __call__(self, x):
@@ -154,6 +162,8 @@ class Dense(nn.Module):
         lead = x.shape[:x.ndim - self.contract]
         k_in, k_out = math.prod(in_shape), math.prod(self.out_shape)
         y = jnp.dot(x.reshape(-1, k_in).astype(self.dtype), kernel.reshape(k_in, k_out).astype(self.dtype))
+        if self.lora_rank and (self.is_initializing() or self.has_variable("params", "lora_a")):
+            y = y + self._adapter(x.reshape(-1, k_in), in_shape, k_in, k_out)
         y = y.reshape(*lead, *self.out_shape)
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
@@ -161,6 +171,19 @@ class Dense(nn.Module):
                               self.out_shape, self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
+
+    def _adapter(self, x, in_shape, k_in, k_out):
+        """lora_scale * B(A x) of rows x (M, k_in) -> (M, k_out), unmerged: the gradient is r-sized."""
+        r, dt = self.lora_rank, self.dtype
+        a = self.param("lora_a", nn.with_logical_partitioning(lora.a_init(self.contract),
+                                                              (*self.axes[:self.contract], None)),
+                       (*in_shape, r), self.param_dtype)
+        b = self.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros, (None, *self.axes[self.contract:])),
+                       (r, *self.out_shape), self.param_dtype)
+        if self.lora_dropout and self.has_rng("dropout"):
+            x = nn.Dropout(self.lora_dropout, deterministic=False)(x)
+        xa = jnp.dot(x.astype(dt), a.reshape(k_in, r).astype(dt))
+        return jnp.dot(xa, b.reshape(r, k_out).astype(dt)) * jnp.asarray(self.lora_scale, dt)
 
 
 class Block(nn.Module):
@@ -173,7 +196,8 @@ class Block(nn.Module):
     def __call__(self, x, prefix_kv, cos, sin, mask, segment_ids, prefix_mask):
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
-        dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name)
+        dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name,
+                                                                  **lora.dense_kwargs(c, name))
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="input_norm")(x)
         q = dense((c.num_heads, c.head_dim), ("embed", "heads", "head_dim"), c.qkv_bias, "q_proj")(h)
@@ -232,7 +256,7 @@ class Decoder(nn.Module):
             if c.remat not in _REMAT_POLICIES:
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
-        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
         x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, mask, segment_ids,
@@ -259,9 +283,13 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
     gate, up (..., D, F), down (..., F, D), the norm scales, and the biases / q-k norms the architecture
     has. fuse=True: q|k|v concatenated into one qkv matrix and gate|up into gate_up, so a step runs 4
     matmuls per layer instead of 7 -- at the price of a copy of the weights.
+    LoRA adapters in `layer` are merged into that copy when fuse=True, else read as "<t>_lora_a/b" and
+    applied unmerged (models/lora.py): a merged copy of the stack would double the weights' memory.
     """
     c = config
     lead = layer["input_norm"]["scale"].shape[:-1]  # () for one layer, (L,) for the stack
+    if fuse:
+        layer = lora.merge(c, layer)
     flat = lambda kernel: kernel.reshape(*lead, c.hidden_size, -1)
     w = {"input_norm": layer["input_norm"]["scale"], "post_attn_norm": layer["post_attn_norm"]["scale"],
          "q": flat(layer["q_proj"]["kernel"]), "k": flat(layer["k_proj"]["kernel"]),
@@ -276,6 +304,7 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
         w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"] for k in ("gate", "up", "down")})
     if c.qk_norm:
         w["q_norm"], w["k_norm"] = layer["q_norm"]["scale"], layer["k_norm"]["scale"]
+    w.update(lora.decode_adapters(c, layer, lead))  # none left when fused
     if fuse:
         for fused, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))):
             for suffix in ("", "_bias"):
@@ -371,5 +400,7 @@ def _cache_write(cache, k, v, index, layer):
 
 def _dense_step(x, w, name, dt):
     y = jnp.dot(x.astype(dt), w[name].astype(dt))
+    if f"{name}_lora_a" in w:
+        y = y + jnp.dot(jnp.dot(x.astype(dt), w[f"{name}_lora_a"].astype(dt)), w[f"{name}_lora_b"].astype(dt))
     bias = w.get(f"{name}_bias")
     return y if bias is None else y + bias.astype(dt)

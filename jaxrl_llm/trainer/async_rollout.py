@@ -77,9 +77,11 @@ class Producer:
         """The batches in flight at the restored checkpoint."""
         self.ready.update({p.step: p for p in batches})
 
-    def next(self, state) -> Produced:
-        """Requests the batch of step v + k (v = state.step) with the state's policy, returns step v's."""
+    def next(self, state, params=None) -> Produced:
+        """Requests the batch of step v + k (v = state.step) with the state's policy (`params`, default
+        state.params; with LoRA the base joined to the adapters), returns step v's."""
         v = int(state.step)
+        params = state.params if params is None else params
         if not self.started:
             self.started = True
             # A fresh run: steps 0..k-1 use the initial policy. A resume whose checkpoint lacks its
@@ -89,9 +91,9 @@ class Producer:
                 log.warning("steps %s had no batch in flight in the checkpoint (total_steps raised?): sampled "
                             "with the policy of step %d", missing, v)
             for j in missing:
-                self._request(j, state.params, state.rng, v)
+                self._request(j, params, state.rng, v)
         if v + self.k < self.total:
-            self._request(v + self.k, state.params, state.rng, v)
+            self._request(v + self.k, params, state.rng, v)
         return self._take(v)
 
     def _request(self, step: int, params, rng, version: int) -> None:

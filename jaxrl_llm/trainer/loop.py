@@ -37,12 +37,13 @@ from jaxrl_llm import faults, fs, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
 from jaxrl_llm.data.config import reward_columns
-from jaxrl_llm.models import save_hf
+from jaxrl_llm.models import lora, save_hf
+from jaxrl_llm.models.hf import save_peft_adapter
 from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import async_rollout, feedback, report, setup
+from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -123,13 +124,18 @@ class Trainer:
     def _init_state(self, model_path: str) -> None:
         """Policy, reference and value parameters on the mesh, and the train state holding them."""
         c = self.c
-        init_rng, _, state_rng = jax.random.split(jax.random.PRNGKey(c.seed), 3)
+        init_rng, _, state_rng = jax.random.split(jax.random.PRNGKey(c.seed), 3)  # init_rng: adapters.base_rng
         params, self.param_shardings = setup.load_params(c, self.mc, model_path, self.mesh, init_rng)
         self.uses_ref = self.objective.uses_ref
         refresh = self.uses_ref and c.ref.refresh_every > 0  # then the reference lives in the state
-        copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=self.param_shardings)
-        self.frozen_ref = copy(params) if self.uses_ref and not refresh else None
         value = setup.load_value_params(c, self.mc, params, self.mesh) if c.value.enabled else None
+        # LoRA: the base is frozen outside the state and is the reference itself; the adapters train.
+        self.base, params, self.param_shardings = adapters.split_trainable(self.mc, params, self.param_shardings,
+                                                                           self.mesh, init_rng)
+        self.base_id = None if self.base is None else adapters.base_identity(self.mc, self.base)
+        copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=self.param_shardings)
+        self.frozen_ref = None if not self.uses_ref or refresh else (
+            self.base if self.base is not None else copy(params))
         self.value_shardings = value[1] if value else None
         self.state, self.state_shardings = setup.init_train_state(
             self.objective, self.plan, params, self.param_shardings, value, self.mesh, state_rng, refresh)
@@ -149,6 +155,7 @@ class Trainer:
         if restored is None:
             return 0
         start, self.state, meta = restored
+        adapters.check_base(meta, self.base_id, str(self.workdir))
         if start > self.c.total_steps:  # else the run would do nothing and exit 0
             raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
                              f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
@@ -164,16 +171,20 @@ class Trainer:
         rollouts = self.rollouts if self.rollout_mesh is None else Rollouts(
             c, self.mc, self.rollout_mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids, self.pad_id)
         make = async_rollout.batch_maker(c, rollouts, self.data, self.data_stats)
-        self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.state.params)
+        self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.policy(self.state))
         self.producer.restore(self._inflight)
         self.is_async = c.rollout.max_staleness > 0 or self.rollout_mesh is not None
+
+    def policy(self, state: TrainState):
+        """The policy's parameters: with LoRA the base joined to the state's adapters (no copy)."""
+        return lora.join(self.base, state.params)
 
     # ======================================================================== the loop
     def train_step(self, state: TrainState):
         """One RL iteration. Returns (new state, metrics dict of floats, samples for logging)."""
         t_step = time.perf_counter()
         faults.point("step", state.step)  # read only under fault injection: no host sync otherwise
-        batch = self.producer.next(state)  # the batch of this step; that of step + k is requested
+        batch = self.producer.next(state, self.policy(state))  # the batch of this step; that of step + k is requested
         return self.update_step(state, batch, t_step, time.perf_counter() - t_step)
 
     def update_step(self, state: TrainState, batch: async_rollout.Produced, t_step: float, wait_s: float = 0.0):
@@ -190,7 +201,7 @@ class Trainer:
         update = fns.update_value if pretraining else fns.update
         with sharding.use_mesh(self.mesh):
             pack = self.packer.score(b) if self.packer else None
-            b.update(fns.score(state, ref, b, pack))
+            b.update(fns.score(state, ref, b, pack, self.base))
             b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed
             fields, kl_stats = fns.prepare(b, state.kl.value)
             b.update(fields)
@@ -199,7 +210,7 @@ class Trainer:
                 perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
                 for m in range(c.train.minibatches):
                     pidx = perm[m * per_mb:(m + 1) * per_mb]
-                    state, mm = update(state, b, pidx, self.packer.update(pidx) if self.packer else None)
+                    state, mm = update(state, b, pidx, self.packer.update(pidx) if self.packer else None, self.base)
                     faults.point("update")  # the update is running on the donated state
                     step_metrics.append(mm)
             if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:
@@ -232,6 +243,8 @@ class Trainer:
         # The batches in flight first: the producer is then idle, and the data position is after them.
         inflight = [async_rollout.to_json(p) for p in self.producer.pending()]
         meta = {"data": self.data.state(), "step": int(state.step)}
+        if self.base_id is not None:
+            meta[adapters.BASE_KEY] = self.base_id
         self.ckpt.save(int(state.step), state, {**meta, "inflight": inflight} if inflight else meta, force=force)
         self.writer.flush()  # metrics up to a checkpoint are durable, also where files cannot be appended to
         faults.point("checkpoint", int(state.step))  # Orbax's asynchronous write is in flight
@@ -245,7 +258,7 @@ class Trainer:
         if self.evaluator is not None and self.start_step == 0:
             # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
             # one row per training step.
-            self.initial_eval = self.evaluator(state.params, step=0)[0]
+            self.initial_eval = self.evaluator(self.policy(state), step=0)[0]
             self.writer.write(0, self.initial_eval)
         # SIGTERM / SIGINT / JAX's preemption notice: the step in progress finishes, then a checkpoint
         # of it is committed and Preempted raised (jaxrl_llm/preemption.py). After the last step a signal
@@ -256,7 +269,7 @@ class Trainer:
                     state, m, samples = self.train_step(state)
                     if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
                                                        or step + 1 == c.total_steps):
-                        m.update(self.evaluator(state.params, step=step + 1)[0])
+                        m.update(self.evaluator(self.policy(state), step=step + 1)[0])
                     self.writer.write(step + 1, m)
                     if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
                         self.writer.write_samples(step + 1, samples)
@@ -308,21 +321,32 @@ class Trainer:
         """Export, plot and the DONE marker (process 0)."""
         c = self.c
         wd = epath.Path(self.workdir)
-        # Every process takes part in gathering the sharded parameters; process 0 writes them.
-        params = jax.tree_util.tree_map(dist.to_host, self.state.params) if c.export.at_end else None
+        # Every process takes part in gathering the sharded parameters; process 0 writes them. With LoRA:
+        # the merged model to hf/, the adapters alone to hf_adapter/ (a PEFT adapter of model.path).
+        lora_run = self.base is not None and c.export.at_end
+        params = jax.tree_util.tree_map(dist.to_host, lora.merge(self.mc, self.policy(self.state))
+                                        if lora_run else self.state.params) if c.export.at_end else None
+        adapter = jax.tree_util.tree_map(dist.to_host, self.state.params) if lora_run else None
         if dist.is_main():
             if c.export.at_end:
-                export = lambda out: save_hf(out, self.mc, params, tokenizer=self.tokenizer, dtype=c.export.dtype or None)
-                if fs.is_url(self.workdir):
-                    fs.write_via_local_dir(wd / "hf", export)
-                else:
-                    export(str(wd / "hf"))  # atomic in place
+                dtype = c.export.dtype or None
+                _write_dir(wd / "hf", lambda out: save_hf(out, self.mc, params, tokenizer=self.tokenizer, dtype=dtype))
+            if lora_run:
+                _write_dir(wd / "hf_adapter", lambda out: save_peft_adapter(out, self.mc, adapter, c.model.path, dtype))
             metrics_path = wd / "metrics.jsonl"
             if c.export.plot and metrics_path.exists():
                 metrics_lib.plot_curves(str(metrics_path), str(wd / "curves.png"))
             (wd / "DONE").write_text(f"{int(self.state.step)}\n", encoding="utf-8")  # last: the run is complete
         self.writer.close()
         self.ckpt.close()
+
+
+def _write_dir(path: epath.Path, write: Callable[[str], None]) -> None:
+    """write(local dir): in place (atomically), or locally then copied for an object-store URL."""
+    if fs.is_url(str(path)):
+        fs.write_via_local_dir(path, write)
+    else:
+        write(str(path))
 
 
 def _with_python_inputs(config, rewards: Sequence[Any] | None, dataset: Any):

@@ -20,12 +20,13 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import sharding
 from jaxrl_llm.data import iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts
 from jaxrl_llm.data.tasks import load_task
-from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value,
+from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value, lora,
                               param_logical_axes, value_logical_axes)
 from jaxrl_llm.models.config import read_hf_config
 from jaxrl_llm.models.kernels import check_attention
 from jaxrl_llm.rewards import get_reward_fn
 from jaxrl_llm.rl import Objective
+from jaxrl_llm.trainer.adapters import model_fields
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 
 
@@ -72,7 +73,8 @@ def builtin_model_config(c: ml_collections.ConfigDict, tokenizer) -> ModelConfig
 
 
 def load_model_config(c: ml_collections.ConfigDict):
-    """(model path or "", tokenizer, ModelConfig, EOS ids, pad id), checked against the rollout's length."""
+    """(model path or "", tokenizer, ModelConfig (with the `lora` section's adapters), EOS ids, pad id),
+    checked against the rollout's length."""
     check_attention(c.model.attention)  # a kernel this backend lacks fails here, before any loading
     model_path = resolve_model_path(c.model.path) if c.model.path else ""
     if model_path:  # config.json first: without it the tokenizer fails too, with a message about itself
@@ -92,7 +94,7 @@ def load_model_config(c: ml_collections.ConfigDict):
         raise ValueError(f"config.data.max_prompt_length + rollout.max_new_tokens = "
                          f"{c.data.max_prompt_length + c.rollout.max_new_tokens} exceeds the model's "
                          f"max_position_embeddings {mc.max_position_embeddings}")
-    return model_path, tokenizer, mc, eos_ids, pad_id
+    return model_path, tokenizer, mc.replace(**model_fields(c)), eos_ids, pad_id
 
 
 def check_batch_fits(c: ml_collections.ConfigDict, mesh) -> None:
@@ -113,7 +115,9 @@ def check_batch_fits(c: ml_collections.ConfigDict, mesh) -> None:
 
 # ------------------------------------------------------------------------------------------ parameters
 def load_params(c, mc: ModelConfig, model_path: str, mesh, init_rng):
-    """(policy parameters on the mesh, their shardings): from the checkpoint, or initialized from the seed."""
+    """(policy parameters on the mesh, their shardings): from the checkpoint, or initialized from the seed.
+    With LoRA, those of the base (no adapters)."""
+    mc = lora.base_config(mc)
     abstract = jax.eval_shape(lambda: init_params(mc, init_rng))
     shardings = sharding.logical_to_sharding(param_logical_axes(mc), abstract, mesh)
     if model_path:
@@ -127,7 +131,9 @@ def load_params(c, mc: ModelConfig, model_path: str, mesh, init_rng):
 
 def load_value_params(c, mc: ModelConfig, params, mesh):
     """(value parameters, their shardings): a copy of the policy backbone with a fresh head, or a
-    *ForSequenceClassification checkpoint whose backbone matches the policy's."""
+    *ForSequenceClassification checkpoint whose backbone matches the policy's. Trained in full, also
+    when the policy is LoRA-adapted."""
+    mc = lora.base_config(mc)
     vabstract = jax.eval_shape(lambda p: init_value_params(mc, p), params)
     shardings = sharding.logical_to_sharding(value_logical_axes(mc), vabstract, mesh, name="value")
     if c.value.init == "policy":

@@ -1,16 +1,19 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch[, pack]) -> reference log-probs, old values [and V(s_T)], recomputed
-                                      proximal log-probs, each (N,T)
+  score(state, ref_params, batch[, pack, base]) -> reference log-probs, old values [and V(s_T)],
+                                      recomputed proximal log-probs, each (N,T)
   prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
                                       (`Objective.prepare`)
-  update(state, batch, prompts[, pack]) -> state after one optimizer step on those prompts' rows, metrics
+  update(state, batch, prompts[, pack, base]) -> state after one optimizer step on those prompts' rows, metrics
   update_value(state, batch, prompts[, pack]) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
 The math is the `Objective`'s; this module adds the model forwards, the micro-batching, the optimizer
 and the NaN guard. `pack` (train.pack_length > 0) is the packing plans of the score chunks or of the
-update's micro-batches (trainer/packs.py): the forwards then run on packed rows (models/packing.py). Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
+update's micro-batches (trainer/packs.py): the forwards then run on packed rows (models/packing.py).
+With LoRA, `base` is the frozen base the trained `state.params` (the adapters) are joined to
+(models/lora.py), and `ref_params` is that base itself.
+Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.packing import packed_logprobs, packed_values
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.state import UpdatePlan
@@ -46,13 +49,16 @@ def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
 
 
-def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0):
+def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0,
+            dropout_rng=None):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
-    when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding)."""
+    when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
+    dropout_rng: a key for LoRA dropout (the update only)."""
     if pack is not None:
         return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"], pack,
-                               pack_length, temperature, with_entropy=with_entropy)
-    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+                               pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng)
+    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"],
+                               dropout_rng)
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
 
@@ -72,7 +78,7 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
-    def score_chunk(state, ref_params, b, pack=None):
+    def score_chunk(state, ref_params, b, pack, base):
         out, packing = {}, {"pack": pack, "pack_length": plan.pack_length}
         if objective.uses_ref:
             out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature, **packing)
@@ -83,19 +89,22 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
         elif objective.value:
             out["old_values"] = jnp.where(b["mask"] > 0, values_of(mc, state.value_params, b, **packing), 0.0)
         if plan.recompute_logprobs:
-            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, state.params, b, plan.temperature, **packing), 0.0)
+            policy = lora.join(base, state.params)
+            out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, policy, b, plan.temperature, **packing), 0.0)
         return out
 
-    def score(state, ref_params, b, pack=None):
+    def score(state, ref_params, b, pack=None, base=None):
         """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
         prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk.
         `pack`: None, or the chunks' packing plans (leading axis k; trainer/packs.py)."""
         k, G = plan.score_chunks, plan.group_size
         if k == 1:
-            return score_chunk(state, ref_params, b, None if pack is None else jax.tree_util.tree_map(lambda x: x[0], pack))
+            return score_chunk(state, ref_params, b, None if pack is None else jax.tree_util.tree_map(lambda x: x[0], pack),
+                               base)
         n_prompts = b["prompt_tokens"].shape[0]
         chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
-        outs = jax.lax.map(lambda xs: score_chunk(state, ref_params, minibatch(b, xs[0], G), xs[1]), (chunks, pack))
+        outs = jax.lax.map(lambda xs: score_chunk(state, ref_params, minibatch(b, xs[0], G), xs[1], base),
+                           (chunks, pack))
         # (k, B/k*G, ...) -> (B/k, k, G, ...) -> (N, ...): prompt i*k + j is row block (i, j).
         return {name: x.reshape(k, n_prompts // k, G, *x.shape[2:]).swapaxes(0, 1).reshape(n_prompts * G, *x.shape[2:])
                 for name, x in outs.items()}
@@ -108,10 +117,11 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
-    def losses(params, vparams, kl_coef, mb, den, pack):
+    def losses(params, vparams, kl_coef, mb, den, pack, base, dropout_rng):
         """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
         packing = {"pack": pack, "pack_length": plan.pack_length}
-        logp, ent = logp_of(mc, params, mb, plan.temperature, with_entropy=True, **packing)
+        logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                            dropout_rng=dropout_rng, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
         aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
@@ -119,7 +129,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             loss, aux = loss + vl, {**aux, **vaux}
         return loss, aux
 
-    def gradients(state, b, pidx, pack):
+    def gradients(state, b, pidx, pack, base):
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's).
         `pack`: None, or the micro-batches' packing plans (leading axis grad_accum)."""
@@ -129,8 +139,10 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
 
         def one(xs):
             p, pk = xs
+            # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
+            key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                         minibatch(b, p, plan.group_size), den, pk)
+                                         minibatch(b, p, plan.group_size), den, pk, base, key)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
             return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
 
@@ -144,10 +156,10 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
         return acc, extremes
 
-    def update(state, b, pidx, pack=None):
+    def update(state, b, pidx, pack=None, base=None):
         """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite.
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx, pack)
+        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx, pack, base)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)

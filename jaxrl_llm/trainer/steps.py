@@ -44,15 +44,21 @@ def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
 
 
+def attended(b):
+    """The completion tokens a forward attends to: `attention_mask` (multi-turn rows: the environment's
+    tokens too, which are context, never trained) or, single-turn, `mask`."""
+    return b.get("attention_mask", b["mask"])
+
+
 def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`."""
-    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
 
 def values_of(mc: ModelConfig, vparams, b):
     """Values (N,T) of the batch's completion tokens."""
-    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
     return value_head(mc, vparams, hidden)
 
 
@@ -66,6 +72,8 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
             # at T is seen by no earlier position).
             ext = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
                    "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
+            if "attention_mask" in b:
+                ext["attention_mask"] = jnp.pad(b["attention_mask"], ((0, 0), (0, 1)), constant_values=1)
             values = values_of(mc, state.value_params, ext)
             out["old_values"] = jnp.where(b["mask"] > 0, values[:, :-1], 0.0)
             out["last_values"] = jnp.where(b["truncated"] > 0, values[:, -1], 0.0)

@@ -38,6 +38,9 @@ class Rollouts:
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
         self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
+        if self.env is not None and jax.process_count() > 1:  # episodes are sampled from this host's rows
+            raise ValueError("env.name: multi-turn episodes run on one process for now (jax.process_count() "
+                             f"is {jax.process_count()})")
 
     def sample_round(self, params, key, step: int = 0):
         """One batch of prompts sampled and scored at training step `step`: (this host's rows as NumPy,
@@ -59,9 +62,9 @@ class Rollouts:
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
         prompts, completions, columns = self._texts(batch, local, step)
-        return self._score(batch, local, prompts, completions, columns)
+        return self._score(local, prompts, completions, columns)
 
-    def _score(self, batch, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
+    def _score(self, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
         """Scores the rows with the reward functions (+ the episodes' rewards): (local, scored)."""
         c = self.c
         rewards = score_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
@@ -105,7 +108,7 @@ class Rollouts:
         metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
         _, _, columns = self._texts(batch, local, step)
         finals = [t[-1] if t else "" for t in ep.texts]  # what the reward functions judge: the last turn
-        local, scored = self._score(batch, local, [p for p in batch["prompt_user"] for _ in range(G)], finals,
+        local, scored = self._score(local, [p for p in batch["prompt_user"] for _ in range(G)], finals,
                                     columns, ep.rewards, metrics)
         # The log shows the whole episode, observations included.
         scored["completions"] = self.tokenizer.batch_decode([row[:n] for row, n in zip(ep.tokens, local["lengths"])],

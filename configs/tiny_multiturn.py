@@ -7,7 +7,9 @@ that ignores the replies finds the digit in K = env.max_turns guesses with proba
 
   python -m jaxrl_llm.train --config=configs/tiny_multiturn.py --workdir=/tmp/tiny_mt
 
-Not runnable yet: the multi-turn sampler is not wired, and the trainer says so at start.
+From random init the default run (GRPO, 300 steps, 4-5.5 minutes on 2 shared CPU cores) goes from reward
+0.043 to 0.643 (the last 30 steps): past the feedback-free bound 0.4, hence using the replies, and past
+the bar 0.521 (initial + half the headroom to 1) at step 209. The curve is in docs/environments.md.
 """
 import importlib.util
 import os
@@ -36,5 +38,8 @@ def get_config(arg=None):
     c.reward.functions = ""  # the environment's turn rewards (1 for the right guess) are the score
 
     c.rollout.max_new_tokens = 2 * c.env.max_turns  # a guess and a reply per turn
-    c.eval.every_steps = 0  # held-out evaluation is single-turn for now
+    # configs/tiny.py's 16 prompts x 16 episodes and KL 0.02 (an entropy floor for a random-init policy);
+    # a larger step than its 1e-3 (measured over steps 281-300: 1e-3 0.60, 2e-3 0.64, 3e-3 0.65).
+    c.optimizer.learning_rate = 2e-3
+    c.eval.every_steps = 0  # held-out evaluation is single-turn only (refused with env.name)
     return c

@@ -71,8 +71,6 @@ class Trainer:
                  rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
         t0 = time.perf_counter()
         c, callables, rows = _with_python_inputs(config, rewards, dataset)
-        if c.env.name:  # jaxrl_llm/envs is ready; the sampler's turn handling is not
-            raise NotImplementedError("env.name set: multi-turn rollouts need the multi-turn sampler (not yet wired)")
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.

@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models.packing import pack_efficiency, plan_packs, sequence_lengths
+from jaxrl_llm.trainer.steps import attended
 
 
 class Packer:
@@ -38,7 +39,7 @@ class Packer:
 
     def score(self, b) -> dict:
         """The score chunks' plans (leading axis k); reads the batch's lengths for the step's updates."""
-        self.lengths = np.asarray(self.lengths_fn(b["prompt_mask"], b["mask"]))
+        self.lengths = np.asarray(self.lengths_fn(b["prompt_mask"], attended(b)))
         self.efficiency = []
         n_prompts = b["prompt_tokens"].shape[0]
         return self._plan("score", np.arange(n_prompts).reshape(-1, self.score_chunks).T)

@@ -1,5 +1,7 @@
 """Rollouts on the host side: sample G completions per prompt, decode them, score them with the reward
 functions, [DAPO: drop groups whose rewards are all equal and sample more], and put the batch on the mesh.
+With `env.name`, each completion is a multi-turn episode (`trainer/episodes.py`): its rows also carry
+`attention_mask` (every real token, environment tokens included), `mask` being the model's tokens.
 
 Rows are this process's: B_local prompts x G completions, prompt b owning rows b*G..b*G+G-1.
 """
@@ -12,10 +14,11 @@ import jax
 import numpy as np
 
 from jaxrl_llm import distributed as dist
-from jaxrl_llm import faults, rl, sharding
+from jaxrl_llm import envs, faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch, reward_columns
 from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate
+from jaxrl_llm.trainer.episodes import sample_episodes
 
 _PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # indexed by prompt; every other key by row
 # Rewards that shape length rather than judge the answer: DAPO's dynamic sampling ignores them by default.
@@ -34,6 +37,10 @@ class Rollouts:
         self.process = rl.ESTIMATORS[c.advantage.estimator].process
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
+        self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
+        if self.env is not None and jax.process_count() > 1:  # episodes are sampled from this host's rows
+            raise ValueError("env.name: multi-turn episodes run on one process for now (jax.process_count() "
+                             f"is {jax.process_count()})")
 
     def sample_round(self, params, key, step: int = 0):
         """One batch of prompts sampled and scored at training step `step`: (this host's rows as NumPy,
@@ -41,6 +48,8 @@ class Rollouts:
         the RewardBatch)."""
         c = self.c
         batch = next(self.data)
+        if self.env is not None:
+            return self._episode_round(batch, params, key, step)
         tokens, pmask = pad_prompt_batch(batch, c.data.max_prompt_length, self.pad_id)
         prompts_g, pmask_g = dist.to_global(tokens, self.rows_sharding), dist.to_global(pmask, self.rows_sharding)
         with sharding.use_mesh(self.mesh):
@@ -54,7 +63,16 @@ class Rollouts:
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
         prompts, completions, columns = self._texts(batch, local, step)
+        return self._score(local, prompts, completions, columns)
+
+    def _score(self, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
+        """Scores the rows with the reward functions (+ the episodes' rewards): (local, scored)."""
+        c = self.c
         rewards = score_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
+        if env_rewards is not None:  # the episode's turn rewards (summed) add to the reward functions'
+            rewards = dataclasses.replace(rewards, scores=(rewards.scores + env_rewards).astype(np.float32),
+                                          components={**rewards.components, "env": env_rewards},
+                                          metrics={**rewards.metrics, **env_metrics})
         local["scores"] = rewards.scores
         local["filter_scores"] = self._filter_scores(rewards)
         local["valid"] = np.ones(len(rewards.scores), np.float32)
@@ -64,6 +82,38 @@ class Rollouts:
         answer = c.data.answer_column
         scored = {"prompts": prompts, "completions": completions, "rewards": rewards,
                   "references": columns.get(answer) if answer else None}
+        return local, scored
+
+    def _episode_round(self, batch, params, key, step: int):
+        """`sample_round` with `env.name`: G episodes per prompt row under the environment. Rewards: the
+        episode's turn rewards (summed) plus the reward functions on its last model turn's text."""
+        c, G = self.c, self.c.rollout.group_size
+        columns = [k for k in batch if k != "global_max_prompt_length"]
+        rows = [{k: batch[k][i] for k in columns} for i in range(len(batch["prompt_ids"])) for _ in range(G)]
+        with sharding.use_mesh(self.mesh):
+            ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, key, max_turns=c.env.max_turns,
+                                 max_new_tokens=c.rollout.max_new_tokens, max_turn_tokens=c.env.max_turn_tokens,
+                                 temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                                 pad_id=self.pad_id, max_workers=c.env.max_workers)
+        faults.point("sample")
+        prompts_g = ep.prompt_tokens.reshape(-1, G, ep.prompt_tokens.shape[1])
+        if not (prompts_g == prompts_g[:, :1]).all():  # the update shares each prompt across its group
+            raise ValueError(f"environment {c.env.name!r}: reset gave different prompts for the same row; "
+                             "a row's prompt must not depend on chance (keep the randomness in the state)")
+        local = {"prompt_tokens": ep.prompt_tokens[::G], "prompt_mask": ep.prompt_mask[::G], "tokens": ep.tokens,
+                 "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
+                 "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
+                 "truncated": ep.truncated}
+        # The turn reward means of every turn up to max_turns (0 where no episode reached it): every step
+        # and every process reports the same keys.
+        metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
+        _, _, columns = self._texts(batch, local, step)
+        finals = [t[-1] if t else "" for t in ep.texts]  # what the reward functions judge: the last turn
+        local, scored = self._score(local, [p for p in batch["prompt_user"] for _ in range(G)], finals,
+                                    columns, ep.rewards, metrics)
+        # The log shows the whole episode, observations included.
+        scored["completions"] = self.tokenizer.batch_decode([row[:n] for row, n in zip(ep.tokens, local["lengths"])],
+                                                            skip_special_tokens=False)
         return local, scored
 
     def _filter_scores(self, rewards):
@@ -131,6 +181,8 @@ class Rollouts:
                "loss_mask": put(loss_mask, np.float32), "sampler_logp": put(local["sampler_logp"], np.float32),
                "behavior_logp": put(local["behavior_logp"], np.float32), "scores": put(local["scores"], np.float32),
                "truncated": put(local["truncated"], np.int32)}
+        if "attention_mask" in local:  # multi-turn: the forward attends to environment tokens too
+            out["attention_mask"] = put(local["attention_mask"], np.int32)
         if self.process:
             out.update(process_rewards=put(local["process_rewards"], np.float32),
                        process_mask=put(local["process_mask"], np.float32))

@@ -49,15 +49,21 @@ def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
 
 
+def attended(b):
+    """The completion tokens a forward attends to: `attention_mask` (multi-turn rows: the environment's
+    tokens too, which are context, never trained) or, single-turn, `mask`."""
+    return b.get("attention_mask", b["mask"])
+
+
 def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0,
             dropout_rng=None):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
     when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
     dropout_rng: a key for LoRA dropout (the update only)."""
     if pack is not None:
-        return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"], pack,
+        return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                                pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng)
-    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"],
+    hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng)
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
@@ -66,14 +72,16 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
     """Values (N,T) of the batch's completion tokens [(N,T+1) with `last`: column T is V(s_T), the
     state after the row's last token]; through packed rows when a packing plan is given."""
     if pack is not None:
-        return packed_values(mc, vparams, b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"], pack,
+        return packed_values(mc, vparams, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                              pack_length, lambda h: value_head(mc, vparams, h), last=last)
     if last:
         # One more column: its value is V(s_T), the state after the last token (the dummy token fed
         # at T is seen by no earlier position).
         b = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
              "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
-    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], b["mask"])
+        if "attention_mask" in b:
+            b["attention_mask"] = jnp.pad(b["attention_mask"], ((0, 0), (0, 1)), constant_values=1)
+    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
     return value_head(mc, vparams, hidden)
 
 

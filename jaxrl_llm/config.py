@@ -20,7 +20,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from jaxrl_llm.data.config import default_data_config
-from jaxrl_llm.presets import _COMMON, ALGOS, PRESETS
+from jaxrl_llm.presets import _COMMON, ALGOS, ASYNC_DEFAULTS, PRESETS
 from jaxrl_llm.validation import FREE_FORM, check_fields, get_path, reward_specs, suggest_fields, validate
 
 __all__ = ["ALGOS", "PRESETS", "base_config", "from_dict", "prepare", "resolve", "reward_specs", "validate"]
@@ -75,11 +75,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
+    c.rollout.max_staleness = 0  # k: step i's batch is sampled by the policy after update i-k (0 = synchronous); docs/algorithms/async.md
 
     # Rollout correction between the behaviour policy (the sampler's, with its precision, top-k/top-p
     # and staleness) and the proximal one; docs/algorithms/off_policy.md.
     c.correction = ml_collections.ConfigDict()
-    c.correction.mode = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask | geometric_mask
+    c.correction.mode = placeholder(str)  # none (token_truncate when rollout.max_staleness >= 1) | token_truncate | token_mask | sequence_truncate | sequence_mask | geometric_mask
     c.correction.cap = 0.0  # upper bound of the ratio; 0 = the mode's default (2, or 1.001 for geometric_mask)
     c.correction.lower = 0.0  # lower bound of the mask modes; 0 = 1/cap
 
@@ -174,6 +175,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = 1  # data-parallel axis; -1 takes the remaining devices
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
     c.mesh.tensor = 1  # tensor-parallel axis
+    c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (one process); docs/algorithms/async.md
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # also saved at the end
@@ -216,7 +218,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.algo not in PRESETS:
         raise ValueError(f"algo {config.algo!r} is unknown; expected one of {', '.join(ALGOS)}")
     c = copy.deepcopy(config)
-    for path, value in {**_COMMON, **PRESETS[c.algo]}.items():
+    stale = ASYNC_DEFAULTS if isinstance(c.rollout.max_staleness, int) and c.rollout.max_staleness > 0 else {}
+    for path, value in {**_COMMON, **PRESETS[c.algo], **stale}.items():
         if get_path(c, path) is None:
             _set_path(c, path, value)
     if c.dapo.overlong_buffer == -1:

@@ -11,7 +11,14 @@ _COMMON = {
     "kl.coef": 0.0, "kl.estimator": "k3", "kl.placement": "loss", "kl.adaptive": False,
     "entropy_coef": 0.0, "dapo.dynamic_sampling": False, "dapo.overlong_buffer": 0,
     "dapo.mask_truncated": False, "value.enabled": False, "rollout.recompute_logprobs": False,
+    "correction.mode": "none",
 }
+
+# With rollout.max_staleness >= 1, on top of the preset (an explicit setting still wins): the proximal
+# policy is recomputed by the trainer (the behaviour one is up to k updates old), and the gap between
+# them is corrected by truncated importance sampling (cap 2), which keeps every token; see
+# docs/algorithms/async.md.
+ASYNC_DEFAULTS = {"rollout.recompute_logprobs": True, "correction.mode": "token_truncate"}
 
 # Defaults per algorithm, on top of _COMMON.
 PRESETS = {

@@ -210,6 +210,12 @@ def _validate_off_policy(c) -> None:
     cap, lower = rl.correction_bounds(c.correction.mode, c.correction.cap, c.correction.lower)
     if lower > cap:
         _fail("correction.lower", f"at most the cap {cap}", c.correction.lower)
+    _check(c, "rollout.max_staleness", lambda v: _is_int(v) and 0 <= v < c.total_steps,
+           "an int in [0, total_steps) (updates between the sampling policy and the trained one)")
+    _check(c, "mesh.rollout_devices", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = sample on the training mesh)")
+    if c.rollout.max_staleness and not c.rollout.recompute_logprobs:
+        _fail("rollout.recompute_logprobs", "True with rollout.max_staleness >= 1 (the behaviour policy is stale: "
+              "the proximal log-probs must come from the trainer)", False)
 
 
 def _validate_training(c) -> None:

@@ -43,7 +43,7 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, feedback, report, setup
+from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -73,7 +73,10 @@ class Trainer:
         c, callables, rows = _with_python_inputs(config, rewards, dataset)
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
+        # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
+        devices, rollout_devices = async_rollout.split_devices(c, devices)
         self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+        self.rollout_mesh = sharding.make_mesh(1, -1, 1, devices=rollout_devices) if rollout_devices else None
         setup.check_batch_fits(c, self.mesh)
         with undo_on_failure(workdir, close=self._close_sinks):  # a failed start leaves the workdir as it was
             self._setup(callables, rows)
@@ -98,6 +101,7 @@ class Trainer:
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
                                  async_save=c.checkpoint.async_save)
         self.start_step = self._restore()
+        self._build_producer()
         write_run_files(wd, c, config_to_hf_dict(self.mc, c.model.dtype), self.tokenizer)
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
                                                 resume_step=self.start_step)
@@ -112,6 +116,8 @@ class Trainer:
             self.writer.close()
         if getattr(self, "ckpt", None) is not None:
             self.ckpt.close()
+        if getattr(self, "producer", None) is not None:
+            self.producer.close()
 
     def _init_state(self, model_path: str) -> None:
         """Policy, reference and value parameters on the mesh, and the train state holding them."""
@@ -143,6 +149,7 @@ class Trainer:
     def _restore(self) -> int:
         """Restores the latest checkpoint, if any (exact resume: state and data position)."""
         restored = self.ckpt.restore(abstract_like(self.state))
+        self._inflight: list = []  # the rollout batches in flight at the checkpoint (rollout.max_staleness)
         if restored is None:
             return 0
         start, self.state, meta = restored
@@ -151,8 +158,20 @@ class Trainer:
             raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
                              f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
         self.data.restore(meta["data"])
+        self._inflight = [async_rollout.from_json(d) for d in meta.get("inflight", [])]
         log.info("resumed from step %d in %s", start, self.workdir)
         return start
+
+    def _build_producer(self) -> None:
+        """The rollout schedule (trainer/async_rollout.py): batches sampled k = rollout.max_staleness
+        updates ahead, in this thread or, on a rollout mesh, in a background one."""
+        c = self.c
+        rollouts = self.rollouts if self.rollout_mesh is None else Rollouts(
+            c, self.mc, self.rollout_mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids, self.pad_id)
+        make = async_rollout.batch_maker(c, rollouts, self.data, self.data_stats)
+        self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.policy(self.state))
+        self.producer.restore(self._inflight)
+        self.is_async = c.rollout.max_staleness > 0 or self.rollout_mesh is not None
 
     def policy(self, state: TrainState):
         """The policy's parameters: with LoRA the base joined to the state's adapters (no copy)."""
@@ -161,11 +180,15 @@ class Trainer:
     # ======================================================================== the loop
     def train_step(self, state: TrainState):
         """One RL iteration. Returns (new state, metrics dict of floats, samples for logging)."""
-        c, fns = self.c, self.fns
         t_step = time.perf_counter()
         faults.point("step", state.step)  # read only under fault injection: no host sync otherwise
-        rng, sample_key, shuffle_key = jax.random.split(state.rng, 3)
-        local, first, info = self.rollouts.collect(self.policy(state), sample_key, int(state.step))
+        batch = self.producer.next(state, self.policy(state))  # the batch of this step; that of step + k is requested
+        return self.update_step(state, batch, t_step, time.perf_counter() - t_step)
+
+    def update_step(self, state: TrainState, batch: async_rollout.Produced, t_step: float, wait_s: float = 0.0):
+        """The iteration's update on its rollout `batch`; returns what `train_step` does."""
+        c, fns, local = self.c, self.fns, batch.local
+        rng, _, shuffle_key = jax.random.split(state.rng, 3)
         b = self.rollouts.device_batch(local)
 
         t_upd = time.perf_counter()
@@ -198,23 +221,29 @@ class Trainer:
 
         m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs)
         m.update(self.packer.metrics() if self.packer else {})
-        m.update(report.rollout_metrics(first, info, c.rollout.group_size, c.dapo.dynamic_sampling))
-        m.update(report.data_metrics(self.data, self.data_stats))
+        m.update(batch.metrics)
+        if self.is_async:
+            m.update(async_rollout.staleness_metrics(batch))
         P = local["prompt_tokens"].shape[1]
+        info = {"sample_s": batch.sample_s, "gen_tokens": batch.gen_tokens}
         m.update(report.perf_metrics(c, info, P, time.perf_counter() - t_step, update_s,
                                      report.step_flops(c, self.mc, P, self.uses_ref), self._peak))
+        if self.is_async:  # the timeline: the trainer's wait for this batch, the sampler's for its weights
+            m.update({"perf/rollout_wait_s": wait_s, "perf/sampler_wait_s": batch.weights_wait_s})
         m["step"] = float(state.step)
-        return state, m, report.samples(info, first, c.log.num_samples, c.rollout.group_size)
+        return state, m, batch.samples
 
     @functools.cached_property
     def _peak(self) -> float:
         return self.c.log.peak_flops or metrics_lib.peak_flops(jax.devices()[0])
 
     def save(self, state, *, force=False):
+        # The batches in flight first: the producer is then idle, and the data position is after them.
+        inflight = [async_rollout.to_json(p) for p in self.producer.pending()]
         meta = {"data": self.data.state(), "step": int(state.step)}
         if self.base_id is not None:
             meta[adapters.BASE_KEY] = self.base_id
-        self.ckpt.save(int(state.step), state, meta, force=force)
+        self.ckpt.save(int(state.step), state, {**meta, "inflight": inflight} if inflight else meta, force=force)
         self.writer.flush()  # metrics up to a checkpoint are durable, also where files cannot be appended to
         faults.point("checkpoint", int(state.step))  # Orbax's asynchronous write is in flight
 
@@ -250,9 +279,13 @@ class Trainer:
                     reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
                     if reason and step + 1 < c.total_steps:
                         self._stop(state, reason)
+            except BaseException:
+                self.producer.close()  # a thread sampling ahead stops with the run
+                raise
             finally:
                 progress.close()
             self._commit(state)
+            self.producer.close()
             self.ckpt.wait()
             self.writer.flush()
             self.finish()

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.precision import precise
-from jaxrl_llm.models.transformer import (Decoder, decode_layer, decode_weights, lm_head_weight, rms_norm,
-                                          rope_cos_sin)
+from jaxrl_llm.models.decode import decode_layer, decode_weights
+from jaxrl_llm.models.transformer import Decoder, lm_head_weight, rms_norm, rope_cos_sin
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:

@@ -1,0 +1,143 @@
+"""The one-token decode step of the sampler: the weights it reads, one layer for one new token per row
+against the KV cache, and the cache write. The multi-token passes (prefill, score, update) use
+`transformer.Decoder`; the two are held equal by tests/test_models.py and tests/test_sampling.py.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models import lora
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.transformer import _NEG, apply_rope, rms_norm
+
+
+def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
+    """One layer's params (or the stacked (L, ...) tree) -> the weights `decode_layer` reads.
+
+    fuse=False: views of the params (reshapes, no copy): q, k, v (..., D, heads*hd), o (..., H*hd, D),
+    gate, up (..., D, F), down (..., F, D), the norm scales, and the biases / q-k norms the architecture
+    has. fuse=True: q|k|v concatenated into one qkv matrix and gate|up into gate_up, so a step runs 4
+    matmuls per layer instead of 7 -- at the price of a copy of the weights.
+    LoRA adapters in `layer` are merged into that copy when fuse=True, else read as "<t>_lora_a/b" and
+    applied unmerged (models/lora.py): a merged copy of the stack would double the weights' memory.
+    """
+    c = config
+    lead = layer["input_norm"]["scale"].shape[:-1]  # () for one layer, (L,) for the stack
+    if fuse:
+        layer = lora.merge(c, layer)
+    flat = lambda kernel: kernel.reshape(*lead, c.hidden_size, -1)
+    w = {"input_norm": layer["input_norm"]["scale"], "post_attn_norm": layer["post_attn_norm"]["scale"],
+         "q": flat(layer["q_proj"]["kernel"]), "k": flat(layer["k_proj"]["kernel"]),
+         "v": flat(layer["v_proj"]["kernel"]),
+         "o": layer["o_proj"]["kernel"].reshape(*lead, c.num_heads * c.head_dim, c.hidden_size),
+         "gate": layer["gate_proj"]["kernel"], "up": layer["up_proj"]["kernel"], "down": layer["down_proj"]["kernel"]}
+    if c.qkv_bias:
+        w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"].reshape(*lead, -1) for k in "qkv"})
+    if c.o_bias:
+        w["o_bias"] = layer["o_proj"]["bias"]
+    if c.mlp_bias:
+        w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"] for k in ("gate", "up", "down")})
+    if c.qk_norm:
+        w["q_norm"], w["k_norm"] = layer["q_norm"]["scale"], layer["k_norm"]["scale"]
+    w.update(lora.decode_adapters(c, layer, lead))  # none left when fused
+    if fuse:
+        for fused, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))):
+            for suffix in ("", "_bias"):
+                if f"{parts[0]}{suffix}" in w:
+                    w[f"{fused}{suffix}"] = jnp.concatenate([w.pop(f"{p}{suffix}") for p in parts], axis=-1)
+    return w
+
+
+def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
+    """Attention of one new token per row over [its prompt ; cache slots 0..index], softmax in float32.
+
+    q (N,Hkv,R,hd); cache_k (N,Hkv,hd,T) (keys transposed), cache_v (N,Hkv,T,hd), with this step's
+    key/value already in slot `index` (a scalar, or (N,) one slot per row); prefix_k (B,Hkv,hd,P), prefix_v (B,Hkv,P,hd) shared by the
+    G = N/B rows of each prompt (never copied G times); prefix_mask (B,P) bool. The two score blocks are
+    normalized jointly (one max, one sum) without being concatenated. Returns (N,Hkv,R,hd) float32.
+
+    Keys are stored transposed because the products are many tiny batched matrix products (one per row
+    and KV head) and XLA:CPU's batched dot repacks a transposed right-hand side for every batch element:
+    q.K^T over (T,hd) keys cost 2-3x the (hd,T) layout's product here (docs/benchmarks.md).
+    """
+    n, kvh, r, hd = q.shape
+    b, _, _, p = prefix_k.shape
+    g = n // b
+    scale = hd ** -0.5
+    to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
+    to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
+    s = jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(jnp.arange(cache_k.shape[3]) <= jnp.reshape(index, (-1, 1, 1, 1)), s, _NEG)
+    sp = jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
+    sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG)
+    top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
+    e = jnp.exp(s - top[..., None])
+    ep = jnp.exp(sp - to_prompts(top)[..., None])
+    total = jnp.sum(e, axis=-1) + to_rows(jnp.sum(ep, axis=-1))
+    out = jnp.einsum("nkrt,nktd->nkrd", e.astype(cache_v.dtype), cache_v, preferred_element_type=jnp.float32)
+    out = out + to_rows(jnp.einsum("bkqp,bkpd->bkqd", ep.astype(prefix_v.dtype), prefix_v,
+                                   preferred_element_type=jnp.float32))
+    return out / total[..., None]
+
+
+def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
+    """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
+    or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
+    or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
+
+    Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
+    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
+    """
+    c = config
+    dt = jnp.dtype(c.dtype)
+    n = x.shape[0]
+    h, kvh, hd = c.num_heads, c.num_kv_heads, c.head_dim
+    dense = lambda y, name: _dense_step(y, w, name, dt)
+
+    y = rms_norm(x, w["input_norm"], c.rms_norm_eps)
+    if "qkv" in w:
+        q, k, v = jnp.split(dense(y, "qkv"), [h * hd, (h + kvh) * hd], axis=-1)
+    else:
+        q, k, v = dense(y, "q"), dense(y, "k"), dense(y, "v")
+    q, k, v = q.reshape(n, 1, h, hd), k.reshape(n, 1, kvh, hd), v.reshape(n, kvh, 1, hd)
+    if c.qk_norm:
+        q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
+    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+    q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
+    ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
+    keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
+                                                   for a in (ck, cv))
+    a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask)
+    x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
+
+    y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
+    gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
+    mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
+    x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))
+    return x, (ck, cv)
+
+
+def _cache_write(cache, k, v, index, layer):
+    """Writes k (N,Hkv,hd,1) and v (N,Hkv,1,hd) into slot `index` of the cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd),
+    or stacked with a leading L axis and `layer` the index of this one). A scalar `index` is one slot for
+    every row (an in-place slice update); an (N,) index is one slot per row (a scatter: the
+    continuous-batching sampler, whose rows are at different steps)."""
+    ck, cv = cache
+    if jnp.ndim(index) == 0:
+        at = () if layer is None else (layer,)
+        lead = (lambda a: a) if layer is None else (lambda a: a[None])
+        return (jax.lax.dynamic_update_slice(ck, lead(k).astype(ck.dtype), (*at, 0, 0, 0, index)),
+                jax.lax.dynamic_update_slice(cv, lead(v).astype(cv.dtype), (*at, 0, 0, index, 0)))
+    at = (jnp.arange(k.shape[0]),) if layer is None else (layer, jnp.arange(k.shape[0]))
+    return (ck.at[(*at, slice(None), slice(None), index)].set(k[..., 0].astype(ck.dtype)),
+            cv.at[(*at, slice(None), index)].set(v[:, :, 0].astype(cv.dtype)))
+
+
+def _dense_step(x, w, name, dt):
+    y = jnp.dot(x.astype(dt), w[name].astype(dt))
+    if f"{name}_lora_a" in w:
+        y = y + jnp.dot(jnp.dot(x.astype(dt), w[f"{name}_lora_a"].astype(dt)), w[f"{name}_lora_b"].astype(dt))
+    bias = w.get(f"{name}_bias")
+    return y if bias is None else y + bias.astype(dt)

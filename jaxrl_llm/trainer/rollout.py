@@ -62,8 +62,8 @@ class Rollouts:
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
-        prompts, completions, columns = self._texts(batch, local, step)
-        return self._score(local, prompts, completions, columns)
+        prompts, columns = self._reward_inputs(batch, local, step)
+        return self._score(local, prompts, self._completions(local), columns)
 
     def _score(self, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
         """Scores the rows with the reward functions (+ the episodes' rewards): (local, scored)."""
@@ -107,10 +107,9 @@ class Rollouts:
         # The turn reward means of every turn up to max_turns (0 where no episode reached it): every step
         # and every process reports the same keys.
         metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
-        _, _, columns = self._texts(batch, local, step)
+        prompts, columns = self._reward_inputs(batch, local, step)
         finals = [t[-1] if t else "" for t in ep.texts]  # what the reward functions judge: the last turn
-        local, scored = self._score(local, [p for p in batch["prompt_user"] for _ in range(G)], finals,
-                                    columns, ep.rewards, metrics)
+        local, scored = self._score(local, prompts, finals, columns, ep.rewards, metrics)
         # The log shows the whole episode, observations included.
         scored["completions"] = self.tokenizer.batch_decode([row[:n] for row, n in zip(ep.tokens, local["lengths"])],
                                                             skip_special_tokens=False)
@@ -127,20 +126,23 @@ class Rollouts:
         judged = [v for name, v in rewards.components.items() if name not in LENGTH_SHAPING]
         return np.sum(judged, axis=0).astype(np.float32) if judged else rewards.scores
 
-    def _texts(self, batch, local, step: int):
-        """(prompts, completions, columns) of every row, as the reward functions receive them: every
-        dataset column repeated over its group, and the trainer fields."""
-        G = self.c.rollout.group_size
+    def _completions(self, local) -> list[str]:
+        """Each row's completion text as the reward functions receive it: up to its EOS, excluded."""
         ends = local["lengths"] - (~local["truncated"]).astype(np.int64)  # the EOS is not part of the text
-        completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
-                                                  skip_special_tokens=False)
+        return self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
+                                           skip_special_tokens=False)
+
+    def _reward_inputs(self, batch, local, step: int):
+        """(prompts, columns) of every row, as the reward functions receive them: every dataset column
+        repeated over its group, and the trainer fields."""
+        G = self.c.rollout.group_size
         # Rewards see the user's prompt (a reward model applies its own chat template); the rendered
         # prompt is the `prompt_text` column.
         prompts = [p for p in batch["prompt_user"] for _ in range(G)]
         columns = {k: [v for v in batch[k] for _ in range(G)] for k in reward_columns(batch)}
         columns.update(generation_fields(local["tokens"], local["lengths"], local["truncated"],
                                          self.c.rollout.max_new_tokens, TrainerState(step, self.c.total_steps)))
-        return prompts, completions, columns
+        return prompts, columns
 
     def collect(self, params, key, step: int = 0):
         """One batch of B prompts x G completions (with DAPO's dynamic sampling when enabled), at training

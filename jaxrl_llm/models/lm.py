@@ -173,11 +173,18 @@ def decode_prepare(config: ModelConfig, params, prefix_kv):
     """
     pk, pv = prefix_kv[0].transpose(0, 1, 3, 4, 2), prefix_kv[1].swapaxes(2, 3)
     if not decode_unrolled(config):
-        return decode_weights(config, params["layers"], fuse=False), (pk, pv)
+        return decode_layer_weights(config, params), (pk, pv)
+    return decode_layer_weights(config, params), tuple((pk[l], pv[l]) for l in range(config.num_layers))
+
+
+@precise
+def decode_layer_weights(config: ModelConfig, params):
+    """The weights `decode_step` reads (see `decode_prepare`): an L-tuple of per-layer fused copies when
+    `decode_unrolled(config)`, else views of the stacked parameters."""
+    if not decode_unrolled(config):
+        return decode_weights(config, params["layers"], fuse=False)
     weights = decode_weights(config, params["layers"], fuse=True)
-    layers = range(config.num_layers)
-    return (tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], weights) for l in layers),
-            tuple((pk[l], pv[l]) for l in layers))
+    return tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], weights) for l in range(config.num_layers))
 
 
 def decode_prefix_rows(config: ModelConfig, prefix, prompts: jax.Array):

@@ -1,16 +1,14 @@
-"""A host-side multi-turn rollout with the existing single-turn sampler: the reference that the
-multi-turn sampler (turn handling inside the jitted loop, observations prefilled into the KV cache)
-must reproduce, and a working path for small runs.
+"""Multi-turn rollouts: G episodes per prompt under an environment, on the multi-turn sampler
+(`sampling.turns`). `trainer/rollout.py` calls it for every rollout when `env.name` is set.
 
-Each turn re-prefills every active row's whole token sequence (prompt, then the kept ids of earlier
-turns and observations) and calls `sampling.generate` for one turn: it decodes until the chat template's
-turn-end token or EOS, or the per-turn budget. The ids the model sampled are kept as sampled (the turn's
-text is decoded only for the environment); the observation's ids come from `envs.observation_ids`. No
+The device holds each row's KV cache across turns; the host runs the environment between them. Per turn:
+`turns.decode_turn` decodes every active row until the chat template's turn-end token, EOS or the
+per-turn budget. The ids the model sampled are kept as sampled; the turn's text is decoded only for the
+environment. Then the environment replies, the reply's ids come from `envs.observation_ids` (the chat
+template's suffix after the model's turn), and `turns.append` prefills them into the row's cache. No
 text the model generated is ever re-encoded, so the trainer's teacher-forced log-probs on these tokens
-equal the sampler's (tests/test_envs_rollout.py). Cost: a prefill per turn of every sequence padded to its
-longest possible length (prompt + the episode's budget; one shape, one compile) -- quadratic in the
-episode's length: what the multi-turn sampler removes.
-`trainer/rollout.py` calls it for every rollout when `env.name` is set.
+equal the sampler's (tests/test_envs_rollout.py). tests/episodes_reference.py re-prefills each turn with
+the single-turn sampler instead: its greedy episodes are the same (tests/test_sampling_turns.py).
 """
 from __future__ import annotations
 
@@ -18,12 +16,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrl_llm import envs
 from jaxrl_llm.data.padding import left_pad
-from jaxrl_llm.sampling import generate
+from jaxrl_llm.sampling import turns
 
 
 @dataclasses.dataclass
@@ -50,10 +47,11 @@ class Episodes:
 
 def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]], rng, *, max_turns: int,
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0, pad_id: int = 0, max_workers: int = 8) -> Episodes:
+                    top_p: float = 1.0, pad_id: int = 0, max_workers: int = 8, group_size: int = 1) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
-    bound but the episode's)."""
+    bound but the episode's). group_size G: rows i*G .. i*G+G-1 are one prompt's group and must get the
+    same prompt from `env.reset`; the sampler prefills it once for the G of them."""
     stop_ids = envs.turn_end_ids(tokenizer)
     # EOS ends the episode, unless the template ends turns with it (Qwen2.5-Instruct's EOS is <|im_end|>).
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
@@ -61,31 +59,32 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
     with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers) as batch:
         tools = env.tool_schemas() if hasattr(env, "tool_schemas") else None
         prompts = [envs.prompt_ids(tokenizer, p, tools) for p in batch.prompts]
+        _check_groups(env, prompts, group_size)
+        n = len(prompts)
         trajs = [envs.Trajectory(max_new_tokens) for _ in prompts]
         logps: list[list[tuple[float, float]]] = [[] for _ in prompts]  # (sampler's, behaviour) per model token
-        truncated = [False] * len(prompts)
+        truncated = [False] * n
         texts: list[list[str]] = [[] for _ in prompts]
-        # One shape for every turn, hence one compile of the sampler: every sequence fits this length.
-        width, turn_budget = _bucket(max(map(len, prompts)) + max_new_tokens), max_turn_tokens or max_new_tokens
-        for turn in range(max_turns):
-            active = [i for i in range(len(prompts)) if not batch.done[i]]
+        turn_budget = max_turn_tokens or max_new_tokens
+        state = turns.start(mc, params, *left_pad(prompts[::group_size], _bucket(max(map(len, prompts))), pad_id),
+                            capacity=max_new_tokens, num_samples=group_size)
+        for _ in range(max_turns):
+            active = [i for i in range(n) if not batch.done[i]]
             if not active:
                 break
-            limits = {i: min(turn_budget, trajs[i].room()) for i in active}
-            # every row, finished ones too (their draws are ignored): the batch keeps its shape
-            tokens, mask = left_pad([p + tr.ids for p, tr in zip(prompts, trajs)], width, pad_id)
-            out = generate(mc, params, tokens, mask, jax.random.fold_in(rng, turn), max_new_tokens=turn_budget,
-                           temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=stop_ids, pad_id=pad_id)
-            out_tokens, out_logp, out_blogp, lengths = (np.asarray(x) for x in (out.tokens, out.logprobs,
-                                                                                  out.behavior_logprobs, out.lengths))
-            turn_texts: list[str | None] = [None] * len(prompts)
-            stop, ended, history = [False] * len(prompts), {}, {}
+            limit = np.zeros(n, np.int32)
+            limit[active] = [min(turn_budget, trajs[i].room()) for i in active]
+            state, out = turns.decode_turn(mc, params, state, rng, limit, max_tokens=turn_budget, stop_ids=stop_ids,
+                                           temperature=temperature, top_k=top_k, top_p=top_p)
+            out_tokens, out_logp, out_blogp, counts = (np.asarray(x) for x in (out.tokens, out.logprobs,
+                                                                                 out.behavior_logprobs, out.count))
+            turn_texts: list[str | None] = [None] * n
+            stop, ended, history = [False] * n, {}, {}
             for i in active:
-                n = min(int(lengths[i]), limits[i])
-                ids = [int(t) for t in out_tokens[i, :n]]
+                ids = [int(t) for t in out_tokens[i, :counts[i]]]
                 ended[i] = bool(ids) and ids[-1] in stop_ids
                 trajs[i].add_model(ids)
-                logps[i].extend(zip(out_logp[i, :n].tolist(), out_blogp[i, :n].tolist()))
+                logps[i].extend(zip(out_logp[i, :counts[i]].tolist(), out_blogp[i, :counts[i]].tolist()))
                 turn_texts[i] = tokenizer.decode(ids[:-1] if ended[i] else ids, skip_special_tokens=False)
                 texts[i].append(turn_texts[i])
                 # EOS (when it is not the turn end) ends the episode, as does a spent budget.
@@ -93,13 +92,28 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 truncated[i] = not trajs[i].room() and not (ended[i] and ids[-1] in episode_end)
                 history[i] = None if batch.history[i] is None else list(batch.history[i])
             observations = batch.step(turn_texts, cannot_continue=stop)
+            appended: list[list[int]] = [[] for _ in range(n)]
             for i, obs in enumerate(observations):
                 if obs is not None:
                     ids = envs.observation_ids(tokenizer, history[i], turn_texts[i], obs, tools=tools,
                                                turn_ended=ended[i])
-                    if not trajs[i].add_env(ids):
+                    if trajs[i].add_env(ids):
+                        appended[i] = ids
+                    else:
                         batch.done[i] = truncated[i] = True  # the observation does not fit the budget
+            if any(appended):
+                state = turns.append(mc, params, state, appended, pad_id=pad_id)
         return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+
+
+def _check_groups(env, prompts: list[list[int]], g: int) -> None:
+    if g < 1 or len(prompts) % g:
+        raise ValueError(f"group_size {g} does not divide the {len(prompts)} episodes")
+    for i in range(0, len(prompts), g):
+        if any(p != prompts[i] for p in prompts[i + 1:i + g]):
+            raise ValueError(f"environment {type(env).__name__}: reset gave different prompts for the same row "
+                             f"(episodes {i}..{i + g - 1}); a row's prompt must not depend on chance (keep the "
+                             "randomness in the state)")
 
 
 def _bucket(n: int) -> int:

@@ -94,12 +94,8 @@ class Rollouts:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, key, max_turns=c.env.max_turns,
                                  max_new_tokens=c.rollout.max_new_tokens, max_turn_tokens=c.env.max_turn_tokens,
                                  temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
-                                 pad_id=self.pad_id, max_workers=c.env.max_workers)
+                                 pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G)
         faults.point("sample")
-        prompts_g = ep.prompt_tokens.reshape(-1, G, ep.prompt_tokens.shape[1])
-        if not (prompts_g == prompts_g[:, :1]).all():  # the update shares each prompt across its group
-            raise ValueError(f"environment {c.env.name!r}: reset gave different prompts for the same row; "
-                             "a row's prompt must not depend on chance (keep the randomness in the state)")
         local = {"prompt_tokens": ep.prompt_tokens[::G], "prompt_mask": ep.prompt_mask[::G], "tokens": ep.tokens,
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),

@@ -145,11 +145,46 @@ def test_multiturn_resume_is_exact(tmp_path):
     _check_batch_masks(done)
 
 
-def test_env_refuses_evaluation_and_process_rewards():
-    for fields, message in [({"eval.every_steps": 10}, "eval.every_steps must be 0 with env.name"),
-                            ({"advantage.estimator": "group_process"}, "reads process rewards")]:
-        with pytest.raises(ValueError, match=message):
-            config_lib.prepare(mt_config(**fields))
+def test_env_refuses_process_rewards():
+    with pytest.raises(ValueError, match="reads process rewards"):
+        config_lib.prepare(mt_config(**{"advantage.estimator": "group_process"}))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_multiturn_evaluation_against_reference_episodes(temperature, tmp_path):
+    """Held-out evaluation runs episodes under the environment. Greedy: pass@1 and the mean reward equal
+    the success rate of tests/episodes_reference.py's episodes on the same held-out rows (each turn a
+    fresh prefill on the single-turn sampler), and eval/env/turns/mean their turns. Sampled (k=4): every
+    sample's score is its episode's reward, its completion its last guess."""
+    from episodes_reference import reference_episodes
+    from jaxrl_llm import evaluate
+    c = mt_config(**{"eval.every_steps": 2, "eval.num_prompts": 12, "eval.temperature": temperature, "eval.k": 4})
+    t = Trainer(c, str(tmp_path))
+    params = dict(t.policy(t.state))
+    # A random policy biased towards digits (the tied embedding: every state leans along u, the digits'
+    # rows too): its greedy episodes sometimes find the digit, so pass@1 is neither 0 nor 1.
+    u = np.zeros(params["embed"].shape[1], np.float32)
+    u[0] = 1.0
+    digits = [t.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    params["embed"] = (params["embed"] + 0.5 * u).at[np.asarray(digits)].add(u)
+    m, samples = t.evaluator(params, step=0)
+    rows = evaluate.load_eval_data(t.c, t.tokenizer).with_format(None)
+    if temperature == 0:
+        ref = reference_episodes(t.mc, params, t.tokenizer, envs.make_env("guess_digit"), list(rows),
+                                 jax.random.PRNGKey(0), max_turns=4, max_new_tokens=8, max_turn_tokens=1,
+                                 temperature=0.0, pad_id=t.pad_id)
+        assert m["eval/pass@1"] == pytest.approx(float(np.mean(ref.rewards))) and 0 < m["eval/pass@1"] < 1
+        assert m["eval/mean_reward"] == pytest.approx(float(np.mean(ref.rewards)))
+        assert m["eval/env/turns/mean"] == pytest.approx(np.mean([len(x) for x in ref.texts]))
+        assert [s["completion"] for s in samples] == [x[-1] for x in ref.texts]
+    else:
+        assert len(samples) == 12 * 4 and 0 < m["eval/pass@4"] and 1 <= m["eval/env/turns/mean"] <= 4
+        for s in samples:  # right when the last guess is the hidden digit (a right guess ends the episode)
+            assert s["score"] == float(s["completion"] == str(rows[s["prompt_index"]]["hidden"]))
+    # and inside training: the loop logs the eval metrics at step 2
+    t.run()
+    logged = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval/pass@1" in r]
+    assert logged and "eval/env/turns/mean" in logged[-1]
 
 
 def _biased_qwen2(path, tok):

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm import distributed as dist
+from jaxrl_llm import envs
 from jaxrl_llm import sharding
 from jaxrl_llm.data import bucket_length, left_pad, reward_columns
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
@@ -72,9 +73,9 @@ def load_eval_data(c, tokenizer):
             message = " ".join(str(e).split()).replace("data.path", "eval.path").replace("data.split", "eval.split")
             raise ValueError(f"config.eval.path {c.eval.path!r} (split {c.eval.split!r}): {message}") from None
     elif c.data.task:
-        if "level" not in d.extra_columns:
-            d.extra_columns = (*d.extra_columns, "level")
         raw = load_task(c.data.task, n or c.data.task_rows, c.seed, tuple(c.data.task_weights), split="test")
+        if "level" in raw.column_names and "level" not in d.extra_columns:
+            d.extra_columns = (*d.extra_columns, "level")
         dataset, _ = prepare_prompts(raw, d, tokenizer)
     else:
         raise ValueError("config.eval.path is empty and there is no data.task: name the held-out prompts")
@@ -110,6 +111,10 @@ class Evaluator:
                                                    for v in self.rows["level"])
         self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
+        self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
+        if self.env is not None and jax.process_count() > 1:
+            raise ValueError("env.name: multi-turn episodes are evaluated on one process for now "
+                             f"(jax.process_count() is {jax.process_count()})")
 
     def __call__(self, params, step: int = 0) -> tuple[dict[str, float], list[dict]]:
         """`step`: the training step the parameters are from (rewards see it as trainer_state.global_step)."""
@@ -123,6 +128,8 @@ class Evaluator:
         s = s[s[:, 0] > 0]  # the padding of the last batch
         m = summarize(self.k, s[:, 1].astype(np.int64), s[:, 2], s[:, 3] if self.vote else None,
                       s[:, 4].astype(np.int64) if self.levels else None)
+        if self.env is not None:
+            m["eval/env/turns/mean"] = float(np.mean(s[:, 5]))
         m["eval/time_s"] = time.perf_counter() - t0
         return m, samples
 
@@ -136,28 +143,57 @@ class Evaluator:
         valid = index < self.num_prompts
         index = index % self.num_prompts  # the last batch is filled with repeats, dropped from the metrics
         batch = {col: [vals[j] for j in index] for col, vals in self.rows.items()}
+        sample = self._sample if self.env is None else self._episodes
+        completions, out, lengths, truncated, extra, turns = sample(params, i, batch, longest)
+        prompts = [p for p in batch["prompt_user"] for _ in range(k)]
+        columns = {col: [v for v in batch[col] for _ in range(k)] for col in reward_columns(batch)}
+        columns.update(generation_fields(out, lengths, truncated, c.rollout.max_new_tokens,
+                                         TrainerState(step, c.total_steps)))
+        scores, _ = compute_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
+        if extra is not None:  # the episodes' turn rewards add to the reward functions', as in training
+            scores = scores + extra
+        correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
+        votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]
+                 if self.vote else False for b in range(len(index))]
+        level = batch["level"] if self.levels else [0] * len(index)
+        stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level,
+                          np.reshape(turns, (-1, k)).mean(1)], axis=1).astype(np.float64)
+        rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),
+                 "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k}
+                for n in range(len(prompts)) if valid[n // k]]
+        return stats, rows
+
+    def _sample(self, params, i: int, batch, longest: int):
+        """Single-turn: k completions per prompt. Returns (completion texts, tokens, lengths, truncated,
+        extra scores (None), model turns (1 each))."""
+        c, k = self.c, self.k
         tokens, pmask = left_pad(batch["prompt_ids"], bucket_length(longest, c.data.max_prompt_length), self.pad_id)
         with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
                          dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
                          max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         decode_slots=min(c.rollout.decode_slots, B * k))  # a smaller batch: all its rows
+                         decode_slots=min(c.rollout.decode_slots, self.batch * k))  # a smaller batch: all its rows
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)
-        prompts = [p for p in batch["prompt_user"] for _ in range(k)]
-        columns = {col: [v for v in batch[col] for _ in range(k)] for col in reward_columns(batch)}
-        columns.update(generation_fields(out, lengths, truncated, c.rollout.max_new_tokens,
-                                         TrainerState(step, c.total_steps)))
-        scores, _ = compute_rewards(self.reward_fns, prompts, completions, columns, on_error=c.reward.on_error)
-        correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
-        votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]
-                 if self.vote else False for b in range(len(index))]
-        level = batch["level"] if self.levels else [0] * len(index)
-        stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level],
-                         axis=1).astype(np.float64)
-        rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),
-                 "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k}
-                for n in range(len(prompts)) if valid[n // k]]
-        return stats, rows
+        return completions, out, lengths, truncated, None, np.ones(len(out))
+
+    def _episodes(self, params, i: int, batch, longest: int):
+        """Multi-turn (env.name): k episodes per prompt under the environment, as in training. The
+        completion the reward functions judge is the last model turn; the extra scores are the episodes'
+        turn rewards."""
+        from jaxrl_llm.trainer.episodes import sample_episodes  # the trainer package imports this module
+
+        c, k = self.c, self.k
+        rows = [{col: vals[b] for col, vals in batch.items()} for b in range(len(batch["prompt_ids"]))
+                for _ in range(k)]
+        with sharding.use_mesh(self.mesh):
+            ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, jax.random.fold_in(self.key, i),
+                                 max_turns=c.env.max_turns, max_new_tokens=c.rollout.max_new_tokens,
+                                 max_turn_tokens=c.env.max_turn_tokens, temperature=c.eval.temperature,
+                                 top_k=c.rollout.top_k, top_p=c.rollout.top_p, pad_id=self.pad_id,
+                                 max_workers=c.env.max_workers, group_size=k)
+        finals = [t[-1] if t else "" for t in ep.texts]
+        return (finals, ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,
+                np.asarray([len(t) for t in ep.texts], np.float64))

@@ -53,7 +53,7 @@ def kv_episodes(config, params, prompts, observations, t, seed):
 def reprefill_episodes(config, params, prompts, observations, t, seed):
     """A loop of single-turn `generate` calls: each turn prefills the whole sequence so far."""
     n, k, o = prompts.shape[0], len(observations), observations.shape[2]
-    width = prompts.shape[1] + k * (t + o)
+    width = prompts.shape[1] + (k - 1) * (t + o)  # the longest sequence a turn starts from
     seqs = [[] for _ in range(n)]
     for turn in range(k):
         tokens, mask = left_pad([list(prompts[i]) + seqs[i] for i in range(n)], width, 0)
@@ -81,14 +81,19 @@ def hf_episodes(hf, prompts, observations, t, seed, vocab):
 
 def logp_gap(config, params, prompts, seqs, logps, o) -> float:
     """Max |multi-turn sampler log-prob - trainer teacher-forced log-prob| over the model tokens."""
-    p = prompts.shape[1]
-    full = np.asarray([list(prompts[i]) + seqs[i] for i in range(len(seqs))], np.int32)  # every row: same length
-    ref = np.asarray(token_logprobs(config, params, full[:, :-1], np.ones_like(full[:, :-1]), full[:, 1:]))
-    gap, at = 0.0, p - 1
-    for turn in logps:
-        for i, lp in enumerate(turn):
-            gap = max(gap, float(np.abs(ref[i, at:at + len(lp)] - lp).max()))
-        at += len(turn[0]) + o
+    p, width = prompts.shape[1], max(map(len, seqs))
+    full = np.zeros((len(seqs), p + width), np.int32)
+    mask = np.zeros_like(full)
+    for i, s in enumerate(seqs):  # right-padded: positions come from the mask
+        full[i, :p + len(s)], mask[i, :p + len(s)] = list(prompts[i]) + s, 1
+    ref = np.asarray(token_logprobs(config, params, full[:, :-1], mask[:, :-1], full[:, 1:]))
+    gap = 0.0
+    for i in range(len(seqs)):
+        at = p - 1  # ref[i, at + j] predicts the episode's token j
+        for turn in logps:
+            lp = turn[i]
+            gap = max(gap, float(np.abs(ref[i, at:at + len(lp)] - lp).max(initial=0.0)))
+            at += len(lp) + o
     return gap
 
 
@@ -132,9 +137,7 @@ def run(args, log=print) -> dict:
         r["vs_hf"], r["vs_reprefill"] = r["tps"] / base_hf, r["tps"] / base_re
         log(f"{name:34s}: {r['s'] * 1e3:8.0f} ms  {r['tps']:8.0f} model tok/s  {r['vs_hf']:.2f}x transformers  "
             f"{r['vs_reprefill']:.2f}x re-prefill")
-    seqs, logps = kv_episodes(config, params, prompts, observations, t, 0)
-    full = len({len(s) for s in seqs}) == 1  # the gap check needs equal lengths (no early stop drawn)
-    gap = logp_gap(config, params, prompts, seqs, logps, o) if full else float("nan")
+    gap = logp_gap(config, params, prompts, *kv_episodes(config, params, prompts, observations, t, 0), o)
     return dict(rows=rows, gap=gap, hf_threads=int(best[2:]), params=config.num_params(), size=size.name)
 
 

@@ -43,5 +43,4 @@ def get_config(arg=None):
     c.rollout.max_new_tokens = 1024  # the whole episode: turns and tool results
 
     c.reward.functions = "math_answer"  # on the last model turn
-    c.eval.every_steps = 0  # held-out evaluation is single-turn only
     return c

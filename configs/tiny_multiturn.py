@@ -7,9 +7,10 @@ that ignores the replies finds the digit in K = env.max_turns guesses with proba
 
   python -m jaxrl_llm.train --config=configs/tiny_multiturn.py --workdir=/tmp/tiny_mt
 
-From random init the default run (GRPO, 300 steps, 4-5.5 minutes on 2 shared CPU cores) goes from reward
-0.043 to 0.643 (the last 30 steps): past the feedback-free bound 0.4, hence using the replies, and past
-the bar 0.521 (initial + half the headroom to 1) at step 209. The curve is in docs/environments.md.
+From random init the default run (GRPO, 300 steps, about a minute on 2 CPU cores) goes from reward 0.043
+to 0.661 (the last 30 steps) and held-out pass@1 from 0.040 to 0.721: past the feedback-free bound 0.4,
+hence using the replies, and past the bar 0.521 (initial + half the headroom to 1) at step 193. The curve
+is in docs/environments.md.
 """
 import importlib.util
 import os

@@ -1,4 +1,4 @@
-"""The host-side multi-turn rollout (trainer/episodes.py) on a tiny random model: the trainer's
+"""Multi-turn rollouts (trainer/episodes.py on sampling/turns.py) on a tiny random model: the trainer's
 teacher-forced log-probs equal the sampler's on every model token of multi-turn rows, the mask covers
 exactly the model's tokens, and the environment's tokens are its replies."""
 import os

@@ -259,3 +259,35 @@ def test_gsm8k_tools_config_end_to_end(tmp_path):
                 "sampler/logp_diff_max"} <= set(m), sorted(m)
         assert m["sampler/logp_diff_max"] < 1e-4
     assert sum(m["env/errors/mean"] for m in history) > 0  # malformed calls answered with errors
+
+
+MESH_OVERRIDES = {"eval.every_steps": 2, "eval.num_prompts": 8, "eval.k": 4, "rollout.temperature": 0.7}
+MESH_RUN = """
+import json, sys, tempfile
+sys.path.insert(0, {tests!r})
+from test_trainer_multiturn import MESH_OVERRIDES, mt_config
+from jaxrl_llm.trainer import Trainer
+c = mt_config(**{{"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 2, **MESH_OVERRIDES}})
+print("RESULT" + json.dumps(Trainer(c, tempfile.mkdtemp()).run()))
+"""
+
+
+def test_multiturn_on_a_mesh_matches_one_device(tmp_path):
+    """Episodes, their update and their evaluation on a (data 2, tensor 2) mesh of 4 CPU devices give one
+    device's metrics (the mesh in a subprocess: the fake devices need their own XLA flags)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", MESH_RUN.format(tests=os.path.join(ROOT, "tests"))], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    one = Trainer(mt_config(**MESH_OVERRIDES), str(tmp_path)).run()  # meanwhile, on this process's one device
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    mesh = json.loads(stdout.split("RESULT", 1)[1])
+    assert len(one) == len(mesh) == 2 and "eval/pass@1" in one[-1] and "env/turns/mean" in one[0]
+    for a, b in zip(one, mesh):
+        for key in a:
+            if not key.startswith("perf/") and key != "eval/time_s":
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+        assert b["sampler/logp_diff_max"] <= 1e-4

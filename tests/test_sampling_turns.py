@@ -111,6 +111,31 @@ def _episode(mc, params, prompts, g, obs, temperature, limits=((6, 0, 3, 6), (5,
     return ep, rows, seqs, (t1, t2)
 
 
+def _check_against_single_shot(mc, params, ep, rows, seqs, turn_outs):
+    """Every cached key/value equals a single-shot prefill of [prompt ; all the episode's tokens], and the
+    turns' log-probs (temperature 1) the trainer's teacher-forced ones. seqs[i] = (turn 1, observation,
+    turn 2) ids of row i."""
+    full = [p + a + o + b for p, (a, o, b) in zip(rows, seqs)]
+    assert np.asarray(ep.length).tolist() == [len(f) - len(p) for f, p in zip(full, rows)]
+    width = max(map(len, full))
+    tokens, mask = left_pad(full, width, 0)
+    _, kv = lm.prefill(mc, params, jnp.asarray(tokens), jnp.asarray(mask), with_lm_head=False)
+    keys, values = turns._prefill_layout(mc, ep.cache)
+    for i, (f, p) in enumerate(zip(full, rows)):
+        span = slice(width - len(f) + len(p), width)
+        n = len(f) - len(p)
+        np.testing.assert_allclose(np.asarray(keys)[:, i, :n], np.asarray(kv[0])[:, i, span], atol=2e-5)
+        np.testing.assert_allclose(np.asarray(values)[:, i, :n], np.asarray(kv[1])[:, i, span], atol=2e-5)
+    ref = np.asarray(token_logprobs(mc, params, tokens[:, :-1], mask[:, :-1], tokens[:, 1:], 1.0))
+    t1, t2 = turn_outs
+    for i, (f, p) in enumerate(zip(full, rows)):
+        a, o, b = seqs[i]
+        at = width - len(f) + len(p) - 1  # ref[:, at + j] predicts the episode's token j
+        got = np.r_[np.asarray(t1.logprobs)[i, :len(a)], np.asarray(t2.logprobs)[i, :len(b)]]
+        want = np.r_[ref[i, at:at + len(a)], ref[i, at + len(a) + len(o):at + len(a) + len(o) + len(b)]]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 @pytest.mark.parametrize("path", ["unrolled", "scanned"])
 def test_append_and_resume_match_a_single_shot_prefill(path, monkeypatch):
     """After turn, append, turn: every cached key/value equals a single-shot prefill of [prompt ; all the
@@ -123,24 +148,7 @@ def test_append_and_resume_match_a_single_shot_prefill(path, monkeypatch):
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     obs = [[20, 21, 22], [23], [], [30, 31, 32, 33, 34, 35, 36, 37, 38]]  # one row appends nothing
     ep, rows, seqs, (t1, t2) = _episode(mc, params, prompts, 2, obs, temperature=1.0)
-    full = [p + a + o + b for p, (a, o, b) in zip(rows, seqs)]
-    assert np.asarray(ep.length).tolist() == [len(f) - len(p) for f, p in zip(full, rows)]
-    tokens, mask = left_pad(full, 32, 0)
-    _, kv = lm.prefill(mc, params, jnp.asarray(tokens), jnp.asarray(mask), with_lm_head=False)
-    keys, values = turns._prefill_layout(mc, ep.cache)
-    for i, (f, p) in enumerate(zip(full, rows)):
-        span = slice(32 - len(f) + len(p), 32)
-        n = len(f) - len(p)
-        np.testing.assert_allclose(np.asarray(keys)[:, i, :n], np.asarray(kv[0])[:, i, span], atol=2e-5)
-        np.testing.assert_allclose(np.asarray(values)[:, i, :n], np.asarray(kv[1])[:, i, span], atol=2e-5)
-    # the trainer's log-probs at temperature 1 on every model token of both turns
-    ref = np.asarray(token_logprobs(mc, params, tokens[:, :-1], mask[:, :-1], tokens[:, 1:], 1.0))
-    for i, (f, p) in enumerate(zip(full, rows)):
-        a, o, b = seqs[i]
-        at = 32 - len(f) + len(p) - 1  # ref[:, at + j] predicts the episode's token j
-        got = np.r_[np.asarray(t1.logprobs)[i, :len(a)], np.asarray(t2.logprobs)[i, :len(b)]]
-        want = np.r_[ref[i, at:at + len(a)], ref[i, at + len(a) + len(o):at + len(a) + len(o) + len(b)]]
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    _check_against_single_shot(mc, params, ep, rows, seqs, (t1, t2))
     # resume, greedy: the second turn is the single-turn sampler's on [prompt ; turn ; observation]
     _, rows, seqs, (_, t2) = _episode(mc, params, prompts, 2, obs, temperature=0.0)
     before, bmask = left_pad([p + a + o for p, (a, o, _) in zip(rows, seqs)], 32, 0)
@@ -149,6 +157,24 @@ def test_append_and_resume_match_a_single_shot_prefill(path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(t2.tokens)[:, :5], np.asarray(g.tokens))
     np.testing.assert_allclose(np.asarray(t2.logprobs)[:, :5], np.asarray(g.logprobs), atol=1e-5)
     jax.clear_caches()
+
+
+def test_calls_see_a_window_of_the_cache_and_leave_the_rest_intact():
+    """A call attends over (and writes) only the first power-of-two slots its rows can reach: after a row
+    of 100 tokens has ended, the other row's append and turn run on a 64-slot window of the 256-slot
+    cache; the long row's keys and values stay those of a single-shot prefill."""
+    mc, params = _model()
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    tokens, mask = left_pad(prompts, 8, 0)
+    ep = turns.start(mc, params, tokens, mask, capacity=256)
+    rng, kw = jax.random.PRNGKey(11), dict(stop_ids=[V - 1], temperature=0.0)  # greedy: no stop in 100
+    ep, t1 = turns.decode_turn(mc, params, ep, rng, [100, 3], max_tokens=100, **kw)
+    assert turns._window_for(ep, 6) == 64 < int(ep.length[0]) and ep.capacity == 256
+    ep = turns.append(mc, params, ep, [[], [20, 21, 22]])
+    ep, t2 = turns.decode_turn(mc, params, ep, rng, [0, 5], max_tokens=5, **kw)
+    seqs = [(_ids(t1, 0), [], []), (_ids(t1, 1), [20, 21, 22], _ids(t2, 1))]
+    assert len(seqs[0][0]) > 64 and len(seqs[1][2]) > 0  # the long row stands past the window
+    _check_against_single_shot(mc, params, ep, prompts, seqs, (t1, t2))
 
 
 def test_bad_calls_are_refused():

@@ -92,10 +92,10 @@ def _start(config, params, prompts, prompt_mask, *, num_samples, capacity):
                    hidden=jnp.repeat(hidden[:, -1].astype(jnp.float32), num_samples, axis=0))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids"),
-                   donate_argnames=("episode",))
+@functools.partial(jax.jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids",
+                                             "window"), donate_argnames=("episode",))
 def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max_tokens, top_k, greedy, nucleus,
-                 stop_ids):
+                 stop_ids, window):
     e = episode
     n, cap = e.length.shape[0], e.capacity
     rows = jnp.arange(n, dtype=jnp.int32)
@@ -113,7 +113,7 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, j))
         both = jnp.where(alive[:, None], jnp.stack([lp, blp], 1), 0.0)
         logps = jax.lax.dynamic_update_slice(logps, both[:, :, None], (0, 0, j))
-        index = jnp.where(alive, length, cap)  # a row that is not drawing writes outside the cache (dropped)
+        index = jnp.where(alive, length, window)  # a row that is not drawing writes outside (dropped)
         h, cache = decode_step(config, params, weights, new, e.prompt_len + length, cache, index, e.prefix,
                                e.prefix_mask)
         hidden = jnp.where(alive[:, None], h.astype(jnp.float32), hidden)
@@ -121,20 +121,20 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max
         done = done | jnp.isin(new, stop) | (j + 1 >= limit)
         return j + 1, done, length, hidden, cache, tokens, logps
 
-    state = (jnp.int32(0), limit <= 0, e.length, e.hidden, e.cache, jnp.zeros((n, max_tokens), jnp.int32),
-             jnp.zeros((n, 2, max_tokens), jnp.float32))
+    state = (jnp.int32(0), limit <= 0, e.length, e.hidden, _window(config, e.cache, window),
+             jnp.zeros((n, max_tokens), jnp.int32), jnp.zeros((n, 2, max_tokens), jnp.float32))
     _, _, length, hidden, cache, tokens, logps = jax.lax.while_loop(
         lambda s: (s[0] < max_tokens) & ~jnp.all(s[1]), body, state)
     turn = Turn(tokens=tokens, logprobs=logps[:, 0], behavior_logprobs=logps[:, 1], count=length - e.length)
-    return e.replace(length=length, hidden=hidden, cache=cache), turn
+    return e.replace(length=length, hidden=hidden, cache=_put_window(config, e.cache, cache)), turn
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("episode",))
+@functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnames=("episode",))
 @precise
-def _append(config, params, episode, obs, obs_len):
+def _append(config, params, episode, obs, obs_len, *, window):
     e = episode
-    (n, o), cap = obs.shape, e.capacity
-    keys, values = _prefill_layout(config, e.cache)  # (L,N,C,Hkv,hd)
+    (n, o), cap = obs.shape, window  # the chunk attends to and writes the cache's first `window` slots only
+    keys, values = _prefill_layout(config, _window(config, e.cache, window))  # (L,N,W,Hkv,hd)
     pk, pv = _prefill_layout(config, e.prefix)  # (L,B,P,Hkv,hd)
     g = n // pk.shape[1]
     rep = lambda a: jnp.repeat(a, g, axis=1)
@@ -148,8 +148,29 @@ def _append(config, params, episode, obs, obs_len):
     rows = jnp.arange(n)[:, None]
     keys, values = keys.at[:, rows, slot].set(ck.astype(keys.dtype)), values.at[:, rows, slot].set(cv.astype(values.dtype))
     last = jnp.take_along_axis(hidden, jnp.maximum(obs_len - 1, 0)[:, None, None], 1)[:, 0].astype(jnp.float32)
-    return e.replace(cache=_decode_layout(config, keys, values), length=e.length + obs_len,
-                     hidden=jnp.where((obs_len > 0)[:, None], last, e.hidden))
+    return e.replace(cache=_put_window(config, e.cache, _decode_layout(config, keys, values)),
+                     length=e.length + obs_len, hidden=jnp.where((obs_len > 0)[:, None], last, e.hidden))
+
+
+def _window(config: ModelConfig, cache, w: int):
+    """The first `w` slots of every row's cache (keys (..., hd, C), values (..., C, hd)): a copy."""
+    cut = lambda kv: (kv[0][..., :w], kv[1][..., :w, :])
+    return tuple(cut(layer) for layer in cache) if decode_unrolled(config) else cut(cache)
+
+
+def _put_window(config: ModelConfig, cache, window):
+    """`cache` with its first slots replaced by `window` (`_window`'s shape)."""
+    put = lambda kv, win: (kv[0].at[..., :win[0].shape[-1]].set(win[0]), kv[1].at[..., :win[1].shape[-2], :].set(win[1]))
+    if decode_unrolled(config):
+        return tuple(put(kv, win) for kv, win in zip(cache, window))
+    return put(cache, window)
+
+
+def _window_for(episode: Episode, need) -> int:
+    """The cache slots a call must see: `need` (the most slots any row may reach) rounded up to a power of two
+    from 64, at most the capacity -- a handful of shapes, each compiled once, so that a step attends over
+    about the episode so far rather than its whole budget."""
+    return min(episode.capacity, max(64, 1 << (max(int(need), 1) - 1).bit_length()))
 
 
 def _prefill_layout(config: ModelConfig, kv):
@@ -197,10 +218,12 @@ def decode_turn(config: ModelConfig, params, episode: Episode, rng, limit, *, ma
                          f"and range [{limit.min(initial=0)}, {limit.max(initial=0)}]")
     if not stop_ids:
         raise ValueError("stop_ids must name at least one token id")
+    length = np.asarray(episode.length)
+    window = _window_for(episode, (length + np.minimum(limit, episode.capacity - length))[limit > 0].max(initial=1))
     return _decode_turn(config, params, episode, rng, jnp.asarray(limit, jnp.int32),
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_tokens=int(max_tokens),
                         top_k=int(top_k), greedy=temperature == 0, nucleus=top_p < 1.0,
-                        stop_ids=tuple(int(s) for s in stop_ids))
+                        stop_ids=tuple(int(s) for s in stop_ids), window=window)
 
 
 def append(config: ModelConfig, params, episode: Episode, observations: Sequence[Sequence[int]], *,
@@ -220,4 +243,5 @@ def append(config: ModelConfig, params, episode: Episode, observations: Sequence
     obs = np.full((n, width), pad_id, np.int32)
     for i, ids in enumerate(observations):
         obs[i, :len(ids)] = ids
-    return _append(config, params, episode, jnp.asarray(obs), jnp.asarray(lens))
+    window = _window_for(episode, (np.asarray(episode.length) + lens)[lens > 0].max(initial=1))
+    return _append(config, params, episode, jnp.asarray(obs), jnp.asarray(lens), window=window)

@@ -29,8 +29,12 @@ other rows' turns end. Log-probs follow `jaxrl_llm.sampling`'s convention (the f
 temperature, plus behaviour log-probs of the top-k/top-p distribution).
 
 Cost: a turn costs one decode step per token of its longest row. An append costs one pass over its
-O tokens against the prompt and the cache (transient copies of the cache in the prefill layout,
-about 3x its size), against the (P + C)^2 re-prefill per turn of a sampler without a cache.
+O tokens against the prompt and the cache, against a prefill of the whole episode at every turn for a
+loop of single-turn `generate` calls. Each call sees a window of the cache: its first W slots, W the
+most any of its rows can reach rounded up to a power of two from 64 (`_window_for`; a handful of
+shapes, each compiled once). A step then attends over about the episode so far, not its whole budget C.
+The window is copied out and written back once per call; an append also makes transient copies of it
+in the prefill layout (about 3x its size).
 """
 from __future__ import annotations
 

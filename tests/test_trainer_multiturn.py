@@ -43,6 +43,7 @@ def mt_config(algo="grpo", **overrides):
     c.checkpoint.every_steps, c.checkpoint.async_save = 1, False
     c.log.progress, c.log.samples_every = False, 1
     c.export.at_end = c.export.plot = False
+    c.eval.every_steps = 0  # the evaluation tests turn it on
     for key, value in overrides.items():
         node = c
         *parents, leaf = key.split(".")
@@ -291,3 +292,18 @@ def test_multiturn_on_a_mesh_matches_one_device(tmp_path):
             if not key.startswith("perf/") and key != "eval/time_s":
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
         assert b["sampler/logp_diff_max"] <= 1e-4
+
+
+def test_default_tiny_multiturn_run_uses_the_feedback(tmp_path):
+    """configs/tiny_multiturn.py as the README runs it (300 steps from random init, about a minute): the
+    training reward ends past the bar (initial + half the headroom to 1) and past 0.4, the best a policy
+    that ignores the replies can score, and so does held-out pass@1."""
+    c = _load("tiny_multiturn").get_config()
+    c.log.progress, c.log.tensorboard, c.export.at_end, c.export.plot = False, False, False, False
+    history = Trainer(c, str(tmp_path)).run()
+    r = np.array([h["reward/mean"] for h in history if "reward/mean" in h])
+    init, final = r[:10].mean(), r[-30:].mean()
+    bound = envs.feedback_free_bound(c.env.max_turns)
+    assert bound == 0.4 and len(r) == 300
+    assert final >= max(init + (1 - init) / 2, bound + 0.05), (init, final)
+    assert history[-1]["eval/pass@1"] > bound + 0.1, history[-1]["eval/pass@1"]

@@ -97,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
     c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens
     c.env.max_workers = 8  # threads running the environment's steps of a batch (slow tools)
+    # A model turn also ends where its text first contains one of these (e.g. "</answer>", ReAct's
+    # "Observation:"); the string stays in the turn, the tokens drawn after it are dropped.
+    c.env.stop_strings = ()
 
     c.advantage = ml_collections.ConfigDict()
     c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp

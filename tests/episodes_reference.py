@@ -15,7 +15,7 @@ from jaxrl_llm.trainer.episodes import _arrays, _bucket
 
 
 def reference_episodes(mc, params, tokenizer, env, rows, rng, *, max_turns, max_new_tokens, max_turn_tokens=0,
-                       temperature=1.0, top_k=0, top_p=1.0, pad_id=0):
+                       temperature=1.0, top_k=0, top_p=1.0, pad_id=0, stop_strings=()):
     stop_ids = envs.turn_end_ids(tokenizer)
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
     episode_end = {tokenizer.eos_token_id} - {turn_end}
@@ -41,6 +41,7 @@ def reference_episodes(mc, params, tokenizer, env, rows, rng, *, max_turns, max_
             stop, ended, history = [False] * len(prompts), {}, {}
             for i in active:
                 n = min(int(lengths[i]), limits[i])
+                n = envs.stop_string_cut(tokenizer, out_tokens[i, :n].tolist(), stop_strings) or n
                 ids = [int(t) for t in out_tokens[i, :n]]
                 ended[i] = bool(ids) and ids[-1] in stop_ids
                 trajs[i].add_model(ids)

@@ -160,6 +160,8 @@ def test_env_config_is_off_by_default_and_validated():
                             ({"env.max_turns": 0}, "config.env.max_turns must be an int >= 1"),
                             ({"env.max_turn_tokens": 65}, "config.env.max_turn_tokens must be an int in"),
                             ({"env.max_workers": 0}, "config.env.max_workers must be an int >= 1"),
+                            ({"env.stop_strings": ("</a>", "")}, "config.env.stop_strings must be a tuple of non-empty"),
+                            ({"env.stop_strings": "</a>"}, "config.env.stop_strings"),
                             ({"reward.functions": ""}, "reward.functions is empty")]:
         with pytest.raises(ValueError, match=message) as info:
             _prepare(**fields)
@@ -271,3 +273,19 @@ def test_trajectory_budget_and_mask():
     assert traj.ids == [5, 6, 7, 8, 9, 3] and traj.mask == [1, 1, 0, 0, 0, 1] and traj.room() == 0
     with pytest.raises(ValueError, match="do not fit"):
         traj.add_model([1])
+
+
+def test_stop_string_cut_is_the_shortest_prefix_holding_the_string():
+    """Hand-worked on the built-in character tokenizer (one token per character) and by brute force over
+    prefixes on the byte-level Qwen-style tokenizer, where a string spans several tokens."""
+    tok = builtin_tokenizer()
+    ids = tok.encode("ab</x>cd</x>")
+    assert envs.stop_string_cut(tok, ids, ["</x>"]) == 6  # "ab</x>"
+    assert envs.stop_string_cut(tok, ids, ["cd", "b<"]) == 3  # the earliest of several: "ab<"
+    assert envs.stop_string_cut(tok, ids, ["zz"]) is None and envs.stop_string_cut(tok, ids, []) is None
+    assert envs.stop_string_cut(tok, [], ["a"]) is None
+    q = qwen_tokenizer()
+    ids = q.encode("the answer is the thing in the end")
+    for stop in (["the th"], ["in the"], ["end"], ["e a", "s t"]):
+        brute = next(k for k in range(1, len(ids) + 1) if any(s in q.decode(ids[:k]) for s in stop))
+        assert envs.stop_string_cut(q, ids, stop) == brute, stop

@@ -230,3 +230,63 @@ def test_a_group_must_share_its_prompt():
     with pytest.raises(ValueError, match=r"reset gave different prompts for the same row \(episodes 0..1\)"):
         sample_episodes(mc, params, tok, Random(), [{"prompt": "a"}] * 2, jax.random.PRNGKey(0), max_turns=2,
                         max_new_tokens=16, pad_id=tok.pad_token_id, group_size=2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stop_strings_end_turns_and_rewind_the_cache(temperature):
+    """env.stop_strings: a turn ends at the first stop string in its text (tokens drawn after it are
+    dropped: the row's cache is rewound and its last kept token re-fed). The episodes keep the log-prob
+    identity on every model token, so the cache holds exactly the kept tokens; greedy, they equal the
+    re-prefilling reference under the same rule."""
+    tok = qwen_tokenizer()
+    mc, params = _model(vocab=len(tok), seed=1)
+    rows = [{"prompt": "hello there"}, {"prompt": "hi"}, {"prompt": "yo"}, {"prompt": "hey"}]
+    kw = dict(max_turns=3, max_new_tokens=120, max_turn_tokens=24, temperature=temperature, pad_id=tok.pad_token_id)
+    free = sample_episodes(mc, params, tok, Echo(), rows, jax.random.PRNGKey(4), **kw)
+    text = free.texts[0][0]
+    stop = text[len(text) // 2:len(text) // 2 + 2]  # cuts row 0's first turn in its middle
+    assert len(stop) == 2
+    got = sample_episodes(mc, params, tok, Echo(), rows, jax.random.PRNGKey(4), stop_strings=(stop,), **kw)
+    first = got.texts[0][0]
+    assert first.endswith(stop) and stop not in first[:-1] and len(first) < len(text)
+    assert all(stop not in t[:-1] for turns_ in got.texts for t in turns_)
+    assert _trainer_gap(mc, params, got, max(temperature, 1.0)) <= 1e-4
+    if temperature == 0:
+        ref = reference_episodes(mc, params, tok, Echo(), rows, jax.random.PRNGKey(4), stop_strings=(stop,), **kw)
+        for name in ("tokens", "attention_mask", "mask", "truncated", "rewards"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(ref, name), err_msg=name)
+        assert got.texts == ref.texts
+
+
+def _trainer_gap(mc, params, ep, temperature):
+    """Max |sampler log-prob - the trainer's teacher-forced log-prob| over the episodes' model tokens."""
+    full = np.concatenate([ep.prompt_tokens, ep.tokens], 1)
+    full_mask = np.concatenate([ep.prompt_mask, ep.attention_mask], 1)
+    p = ep.prompt_tokens.shape[1]
+    ref = np.asarray(token_logprobs(mc, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], temperature))[:, p - 1:]
+    return float(np.abs(ref - ep.logprobs)[ep.mask.astype(bool)].max())
+
+
+class Silent(envs.Environment):
+    """A text environment whose replies are empty: the next turn continues right after the model's."""
+
+    def reset(self, row):
+        return row["prompt"], 0
+
+    def step(self, state, text):
+        return envs.StepResult("", 0.0, state + 1)
+
+
+def test_a_stop_string_then_an_empty_reply_refeeds_the_last_kept_token():
+    """With nothing to append after a turn cut at a stop string, the row's hidden state must be rebuilt
+    (its cache rewound one token further, the last kept token fed again): the next turn's first log-prob
+    is the trainer's."""
+    tok = builtin_tokenizer()
+    mc, params = _model(vocab=len(tok), seed=2)
+    rows = [{"prompt": "guess:"}, {"prompt": "say:"}]
+    kw = dict(max_turns=3, max_new_tokens=60, max_turn_tokens=12, temperature=1.0, pad_id=tok.pad_token_id)
+    free = sample_episodes(mc, params, tok, Silent(), rows, jax.random.PRNGKey(6), **kw)
+    stop = free.texts[0][0][5]  # one character of row 0's first turn
+    got = sample_episodes(mc, params, tok, Silent(), rows, jax.random.PRNGKey(6), stop_strings=(stop,), **kw)
+    assert got.texts[0][0].endswith(stop) and len(got.texts[0]) >= 2 and (got.attention_mask == got.mask).all()
+    assert _trainer_gap(mc, params, got, 1.0) <= 1e-4

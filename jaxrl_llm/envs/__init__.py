@@ -15,11 +15,12 @@ from jaxrl_llm.envs.base import Environment, StepResult
 from jaxrl_llm.envs.guess import GuessDigitEnv, feedback_free_bound, feedback_optimum
 from jaxrl_llm.envs.registry import check_env_name, make_env, register_env, registered_envs
 from jaxrl_llm.envs.runner import EpisodeBatch, as_messages
-from jaxrl_llm.envs.tokens import TemplateDrift, Trajectory, observation_ids, prompt_ids, turn_end_ids, turn_end_text
+from jaxrl_llm.envs.tokens import (TemplateDrift, Trajectory, observation_ids, prompt_ids, stop_string_cut,
+                                   turn_end_ids, turn_end_text)
 from jaxrl_llm.envs.toolcalls import ToolCall, parse_tool_calls
 from jaxrl_llm.envs.tools import ToolEnvironment, make_python_tool, tool_schema
 
 __all__ = ["Environment", "EpisodeBatch", "GuessDigitEnv", "StepResult", "TemplateDrift", "ToolCall",
            "ToolEnvironment", "Trajectory", "as_messages", "check_env_name", "feedback_free_bound",
            "feedback_optimum", "make_env", "make_python_tool", "observation_ids", "parse_tool_calls", "prompt_ids",
-           "register_env", "registered_envs", "tool_schema", "turn_end_ids", "turn_end_text"]
+           "register_env", "registered_envs", "stop_string_cut", "tool_schema", "turn_end_ids", "turn_end_text"]

@@ -52,6 +52,21 @@ def turn_end_ids(tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def stop_string_cut(tokenizer, ids: Sequence[int], stop_strings: Sequence[str]) -> int | None:
+    """The fewest leading `ids` whose text contains one of `stop_strings` (the turn ends there, the string
+    included), or None when the whole text contains none. A binary search over prefixes: a prefix's
+    text contains a stop string whenever a shorter prefix's does."""
+    text = lambda k: tokenizer.decode(list(ids[:k]), skip_special_tokens=False)
+    found = lambda k: any(s in text(k) for s in stop_strings)
+    if not stop_strings or not ids or not found(len(ids)):
+        return None
+    lo, hi = 1, len(ids)  # found(hi) holds; find the smallest such k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if found(mid) else (mid + 1, hi)
+    return lo
+
+
 def neutralize_specials(tokenizer, text: str) -> str:
     """`text` with every special-token string broken by a zero-width space, so that an environment's
     output (a tool's stdout: anything the policy made it print) can never forge a turn boundary."""

@@ -193,7 +193,8 @@ class Evaluator:
                                  max_turns=c.env.max_turns, max_new_tokens=c.rollout.max_new_tokens,
                                  max_turn_tokens=c.env.max_turn_tokens, temperature=c.eval.temperature,
                                  top_k=c.rollout.top_k, top_p=c.rollout.top_p, pad_id=self.pad_id,
-                                 max_workers=c.env.max_workers, group_size=k)
+                                 max_workers=c.env.max_workers, group_size=k,
+                                 stop_strings=tuple(c.env.stop_strings))
         finals = [t[-1] if t else "" for t in ep.texts]
         return (finals, ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,
                 np.asarray([len(t) for t in ep.texts], np.float64))

@@ -15,6 +15,7 @@ drives them and runs the environment on the host.
   * `append`: the observations (N,O), right-padded, run as one prefill chunk. Each row's chunk attends to
     [its prompt ; its cache]; its keys/values are written after the row's tokens; the hidden state of
     its last token predicts the next turn's first token.
+`rewind` (host side) shortens rows whose turn the host cut (a stop string) before their next append.
 
 Invariant between calls: slots 0..length-1 of a row's cache hold the keys/values of every token of its
 episode after the prompt, in order. Each drawn token is fed as soon as it is drawn, a turn's last token
@@ -228,6 +229,17 @@ def decode_turn(config: ModelConfig, params, episode: Episode, rng, limit, *, ma
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_tokens=int(max_tokens),
                         top_k=int(top_k), greedy=temperature == 0, nucleus=top_p < 1.0,
                         stop_ids=tuple(int(s) for s in stop_ids), window=window)
+
+
+def rewind(episode: Episode, tokens) -> Episode:
+    """Drops the last tokens[n] tokens of row n's cache (tokens (N,) ints; a turn cut short on the host, at
+    a stop string). The row's hidden state is then stale: its next call must be an `append` of at least
+    one token -- re-feeding the last kept token restores it."""
+    tokens = np.asarray(tokens)
+    length = np.asarray(episode.length)
+    if tokens.shape != length.shape or (tokens < 0).any() or (tokens > length).any():
+        raise ValueError(f"rewind: tokens must be ({len(length)},) ints in [0, the row's length], got {tokens}")
+    return episode.replace(length=jnp.asarray(length - tokens, jnp.int32))
 
 
 def append(config: ModelConfig, params, episode: Episode, observations: Sequence[Sequence[int]], *,

@@ -47,11 +47,14 @@ class Episodes:
 
 def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]], rng, *, max_turns: int,
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0, pad_id: int = 0, max_workers: int = 8, group_size: int = 1) -> Episodes:
+                    top_p: float = 1.0, pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
+                    stop_strings: Sequence[str] = ()) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
     bound but the episode's). group_size G: rows i*G .. i*G+G-1 are one prompt's group and must get the
-    same prompt from `env.reset`; the sampler prefills it once for the G of them."""
+    same prompt from `env.reset`; the sampler prefills it once for the G of them. stop_strings: a turn
+    also ends where its text first contains one (kept in the turn; later tokens are dropped and the
+    row's cache rewound)."""
     stop_ids = envs.turn_end_ids(tokenizer)
     # EOS ends the episode, unless the template ends turns with it (Qwen2.5-Instruct's EOS is <|im_end|>).
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
@@ -80,11 +83,15 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                                                                                  out.behavior_logprobs, out.count))
             turn_texts: list[str | None] = [None] * n
             stop, ended, history = [False] * n, {}, {}
+            dropped = np.zeros(n, np.int32)  # tokens drawn after a stop string: out of the row's cache
             for i in active:
                 ids = [int(t) for t in out_tokens[i, :counts[i]]]
+                cut = envs.stop_string_cut(tokenizer, ids, stop_strings)
+                if cut is not None and cut < len(ids):
+                    dropped[i], ids = len(ids) - cut, ids[:cut]
                 ended[i] = bool(ids) and ids[-1] in stop_ids
                 trajs[i].add_model(ids)
-                logps[i].extend(zip(out_logp[i, :counts[i]].tolist(), out_blogp[i, :counts[i]].tolist()))
+                logps[i].extend(zip(out_logp[i, :len(ids)].tolist(), out_blogp[i, :len(ids)].tolist()))
                 turn_texts[i] = tokenizer.decode(ids[:-1] if ended[i] else ids, skip_special_tokens=False)
                 texts[i].append(turn_texts[i])
                 # EOS (when it is not the turn end) ends the episode, as does a spent budget.
@@ -92,18 +99,31 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 truncated[i] = not trajs[i].room() and not (ended[i] and ids[-1] in episode_end)
                 history[i] = None if batch.history[i] is None else list(batch.history[i])
             observations = batch.step(turn_texts, cannot_continue=stop)
-            appended: list[list[int]] = [[] for _ in range(n)]
-            for i, obs in enumerate(observations):
-                if obs is not None:
-                    ids = envs.observation_ids(tokenizer, history[i], turn_texts[i], obs, tools=tools,
-                                               turn_ended=ended[i])
-                    if trajs[i].add_env(ids):
-                        appended[i] = ids
-                    else:
-                        batch.done[i] = truncated[i] = True  # the observation does not fit the budget
+            appended = _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs,
+                                     truncated)
+            if dropped.any():
+                for i in np.flatnonzero(dropped):
+                    if not batch.done[i] and not appended[i]:  # nothing to append: the hidden state would be
+                        dropped[i] += 1  # the dropped token's, so re-feed the last kept one
+                        appended[i] = trajs[i].ids[-1:]
+                state = turns.rewind(state, np.where(batch.done, 0, dropped))
             if any(appended):
                 state = turns.append(mc, params, state, appended, pad_id=pad_id)
         return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+
+
+def _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs, truncated):
+    """Each row's observation ids ([] for none), added to its trajectory; an observation that does not fit
+    the budget ends its episode, truncated."""
+    out: list[list[int]] = [[] for _ in observations]
+    for i, obs in enumerate(observations):
+        if obs is not None:
+            ids = envs.observation_ids(tokenizer, history[i], turn_texts[i], obs, tools=tools, turn_ended=ended[i])
+            if trajs[i].add_env(ids):
+                out[i] = ids
+            else:
+                batch.done[i] = truncated[i] = True
+    return out
 
 
 def _check_groups(env, prompts: list[list[int]], g: int) -> None:

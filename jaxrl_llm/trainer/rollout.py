@@ -94,7 +94,8 @@ class Rollouts:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, key, max_turns=c.env.max_turns,
                                  max_new_tokens=c.rollout.max_new_tokens, max_turn_tokens=c.env.max_turn_tokens,
                                  temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
-                                 pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G)
+                                 pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G,
+                                 stop_strings=tuple(c.env.stop_strings))
         faults.point("sample")
         local = {"prompt_tokens": ep.prompt_tokens[::G], "prompt_mask": ep.prompt_mask[::G], "tokens": ep.tokens,
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,

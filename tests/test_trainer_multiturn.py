@@ -182,6 +182,7 @@ def test_multiturn_evaluation_against_reference_episodes(temperature, tmp_path):
         assert len(samples) == 12 * 4 and 0 < m["eval/pass@4"] and 1 <= m["eval/env/turns/mean"] <= 4
         for s in samples:  # right when the last guess is the hidden digit (a right guess ends the episode)
             assert s["score"] == float(s["completion"] == str(rows[s["prompt_index"]]["hidden"]))
+            assert s["completion"] in s["episode"] and 1 <= s["turns"] <= 4
     # and inside training: the loop logs the eval metrics at step 2
     t.run()
     logged = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval/pass@1" in r]
@@ -307,3 +308,21 @@ def test_default_tiny_multiturn_run_uses_the_feedback(tmp_path):
     assert bound == 0.4 and len(r) == 300
     assert final >= max(init + (1 - init) / 2, bound + 0.05), (init, final)
     assert history[-1]["eval/pass@1"] > bound + 0.1, history[-1]["eval/pass@1"]
+
+
+def test_evaluate_command_line_gives_the_loops_episode_numbers(tmp_path):
+    """`python -m jaxrl_llm.evaluate --workdir --step` on a multi-turn run: the held-out episodes of the
+    checkpoint give the numbers the loop logged at that step."""
+    import subprocess
+    import sys
+    c = mt_config(**{"eval.every_steps": 2, "eval.num_prompts": 8, "eval.k": 4})
+    Trainer(c, str(tmp_path)).run()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+    proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.evaluate", f"--workdir={tmp_path}", "--step=2"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "eval" / "step_2.json").read_text())
+    logged = next(r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 2 and "eval/pass@1" in r)
+    got = {k: v for k, v in report["metrics"].items() if k != "eval/time_s"}
+    assert "eval/env/turns/mean" in got
+    assert got == {k: v for k, v in logged.items() if k.startswith("eval/") and k != "eval/time_s"}

@@ -144,7 +144,7 @@ class Evaluator:
         index = index % self.num_prompts  # the last batch is filled with repeats, dropped from the metrics
         batch = {col: [vals[j] for j in index] for col, vals in self.rows.items()}
         sample = self._sample if self.env is None else self._episodes
-        completions, out, lengths, truncated, extra, turns = sample(params, i, batch, longest)
+        completions, out, lengths, truncated, extra, turns, shown = sample(params, i, batch, longest)
         prompts = [p for p in batch["prompt_user"] for _ in range(k)]
         columns = {col: [v for v in batch[col] for _ in range(k)] for col in reward_columns(batch)}
         columns.update(generation_fields(out, lengths, truncated, c.rollout.max_new_tokens,
@@ -159,13 +159,13 @@ class Evaluator:
         stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level,
                           np.reshape(turns, (-1, k)).mean(1)], axis=1).astype(np.float64)
         rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),
-                 "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k}
+                 "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k, **shown[n]}
                 for n in range(len(prompts)) if valid[n // k]]
         return stats, rows
 
     def _sample(self, params, i: int, batch, longest: int):
         """Single-turn: k completions per prompt. Returns (completion texts, tokens, lengths, truncated,
-        extra scores (None), model turns (1 each))."""
+        extra scores (None), model turns (1 each), extra fields of each sample row (none))."""
         c, k = self.c, self.k
         tokens, pmask = left_pad(batch["prompt_ids"], bucket_length(longest, c.data.max_prompt_length), self.pad_id)
         with sharding.use_mesh(self.mesh):
@@ -177,12 +177,12 @@ class Evaluator:
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)
-        return completions, out, lengths, truncated, None, np.ones(len(out))
+        return completions, out, lengths, truncated, None, np.ones(len(out)), [{}] * len(out)
 
     def _episodes(self, params, i: int, batch, longest: int):
         """Multi-turn (env.name): k episodes per prompt under the environment, as in training. The
         completion the reward functions judge is the last model turn; the extra scores are the episodes'
-        turn rewards."""
+        turn rewards; each sample row also shows the whole episode (observations included) and its turns."""
         from jaxrl_llm.trainer.episodes import sample_episodes  # the trainer package imports this module
 
         c, k = self.c, self.k
@@ -196,5 +196,8 @@ class Evaluator:
                                  max_workers=c.env.max_workers, group_size=k,
                                  stop_strings=tuple(c.env.stop_strings))
         finals = [t[-1] if t else "" for t in ep.texts]
-        return (finals, ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,
-                np.asarray([len(t) for t in ep.texts], np.float64))
+        lengths = ep.attention_mask.sum(1)
+        shown = [{"episode": text, "turns": len(t)} for text, t in zip(self.tokenizer.batch_decode(
+            [row[:n] for row, n in zip(ep.tokens, lengths)], skip_special_tokens=False), ep.texts)]
+        return (finals, ep.tokens, lengths, ep.truncated, ep.rewards, np.asarray([len(t) for t in ep.texts],
+                                                                                  np.float64), shown)

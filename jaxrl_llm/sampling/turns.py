@@ -20,8 +20,8 @@ drives them and runs the environment on the host.
 Invariant between calls: slots 0..length-1 of a row's cache hold the keys/values of every token of its
 episode after the prompt, in order. Each drawn token is fed as soon as it is drawn, a turn's last token
 too. `hidden` is the final-norm hidden state of the row's last token (the prompt's last before the
-first turn), the state the next draw reads. A row that is not drawing writes to slot C, outside the
-cache: JAX drops out-of-bounds scatter writes. tests/test_sampling_turns.py checks the cache against a
+first turn), the state the next draw reads. A row that is not drawing writes to the slot just past the
+call's window (see Cost), out of bounds: JAX drops out-of-bounds scatter writes. tests/test_sampling_turns.py checks the cache against a
 single-shot prefill of the same tokens.
 
 Randomness: the token at offset j of row n's episode is drawn from fold_in(fold_in(rng, n), j)

@@ -11,7 +11,8 @@ import numpy as np
 from jaxrl_llm import envs
 from jaxrl_llm.data.padding import left_pad
 from jaxrl_llm.sampling import generate
-from jaxrl_llm.trainer.episodes import _arrays, _bucket
+from jaxrl_llm.sampling.turns import bucket
+from jaxrl_llm.trainer.episodes import _arrays
 
 
 def reference_episodes(mc, params, tokenizer, env, rows, rng, *, max_turns, max_new_tokens, max_turn_tokens=0,
@@ -26,7 +27,7 @@ def reference_episodes(mc, params, tokenizer, env, rows, rng, *, max_turns, max_
         logps = [[] for _ in prompts]
         truncated = [False] * len(prompts)
         texts = [[] for _ in prompts]
-        width, turn_budget = _bucket(max(map(len, prompts)) + max_new_tokens), max_turn_tokens or max_new_tokens
+        width, turn_budget = bucket(max(map(len, prompts)) + max_new_tokens), max_turn_tokens or max_new_tokens
         for turn in range(max_turns):
             active = [i for i in range(len(prompts)) if not batch.done[i]]
             if not active:

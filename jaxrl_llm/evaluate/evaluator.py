@@ -195,9 +195,7 @@ class Evaluator:
                                  top_k=c.rollout.top_k, top_p=c.rollout.top_p, pad_id=self.pad_id,
                                  max_workers=c.env.max_workers, group_size=k,
                                  stop_strings=tuple(c.env.stop_strings))
-        finals = [t[-1] if t else "" for t in ep.texts]
-        lengths = ep.attention_mask.sum(1)
-        shown = [{"episode": text, "turns": len(t)} for text, t in zip(self.tokenizer.batch_decode(
-            [row[:n] for row, n in zip(ep.tokens, lengths)], skip_special_tokens=False), ep.texts)]
-        return (finals, ep.tokens, lengths, ep.truncated, ep.rewards, np.asarray([len(t) for t in ep.texts],
-                                                                                  np.float64), shown)
+        turns = [len(t) for t in ep.texts]
+        shown = [{"episode": text, "turns": n} for text, n in zip(ep.decoded(self.tokenizer), turns)]
+        return (ep.finals(), ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,
+                np.asarray(turns, np.float64), shown)

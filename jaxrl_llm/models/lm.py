@@ -172,9 +172,8 @@ def decode_prepare(config: ModelConfig, params, prefix_kv):
     per-layer prefixes (k, v) -- copies. Else: views of the stacked parameters and the stacked prefix.
     """
     pk, pv = prefix_kv[0].transpose(0, 1, 3, 4, 2), prefix_kv[1].swapaxes(2, 3)
-    if not decode_unrolled(config):
-        return decode_layer_weights(config, params), (pk, pv)
-    return decode_layer_weights(config, params), tuple((pk[l], pv[l]) for l in range(config.num_layers))
+    prefix = tuple((pk[l], pv[l]) for l in range(config.num_layers)) if decode_unrolled(config) else (pk, pv)
+    return decode_layer_weights(config, params), prefix
 
 
 @precise

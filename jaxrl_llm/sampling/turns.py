@@ -138,18 +138,18 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max
 @precise
 def _append(config, params, episode, obs, obs_len, *, window):
     e = episode
-    (n, o), cap = obs.shape, window  # the chunk attends to and writes the cache's first `window` slots only
+    n, o = obs.shape  # the chunk attends to and writes the cache's first `window` slots only
     keys, values = _prefill_layout(config, _window(config, e.cache, window))  # (L,N,W,Hkv,hd)
     pk, pv = _prefill_layout(config, e.prefix)  # (L,B,P,Hkv,hd)
     g = n // pk.shape[1]
     rep = lambda a: jnp.repeat(a, g, axis=1)
     prefix = (jnp.concatenate([rep(pk), keys], 2), jnp.concatenate([rep(pv), values], 2))
-    prefix_mask = jnp.concatenate([jnp.repeat(e.prefix_mask, g, 0), jnp.arange(cap)[None] < e.length[:, None]], 1)
+    prefix_mask = jnp.concatenate([jnp.repeat(e.prefix_mask, g, 0), jnp.arange(window)[None] < e.length[:, None]], 1)
     j = jnp.arange(o, dtype=jnp.int32)[None]
     mask = j < obs_len[:, None]
     hidden, (ck, cv) = Decoder(config, return_kv=True, with_lm_head=False).apply(
         {"params": params}, obs, (e.prompt_len + e.length)[:, None] + j, mask, prefix=prefix, prefix_mask=prefix_mask)
-    slot = jnp.where(mask, e.length[:, None] + j, cap)  # padding writes outside the cache (dropped)
+    slot = jnp.where(mask, e.length[:, None] + j, window)  # padding writes outside the window (dropped)
     rows = jnp.arange(n)[:, None]
     keys, values = keys.at[:, rows, slot].set(ck.astype(keys.dtype)), values.at[:, rows, slot].set(cv.astype(values.dtype))
     last = jnp.take_along_axis(hidden, jnp.maximum(obs_len - 1, 0)[:, None, None], 1)[:, 0].astype(jnp.float32)
@@ -171,11 +171,16 @@ def _put_window(config: ModelConfig, cache, window):
     return put(cache, window)
 
 
+def bucket(n: int, smallest: int = 8) -> int:
+    """The power of two from `smallest` at or above n: the padded sizes a run compiles for."""
+    return max(smallest, 1 << (max(int(n), 1) - 1).bit_length())
+
+
 def _window_for(episode: Episode, need) -> int:
     """The cache slots a call must see: `need` (the most slots any row may reach) rounded up to a power of two
     from 64, at most the capacity -- a handful of shapes, each compiled once, so that a step attends over
     about the episode so far rather than its whole budget."""
-    return min(episode.capacity, max(64, 1 << (max(int(need), 1) - 1).bit_length()))
+    return min(episode.capacity, bucket(need, 64))
 
 
 def _prefill_layout(config: ModelConfig, kv):
@@ -251,13 +256,13 @@ def append(config: ModelConfig, params, episode: Episode, observations: Sequence
     if len(observations) != n:
         raise ValueError(f"{len(observations)} observations for {n} episode rows")
     lens = np.asarray([len(o) for o in observations], np.int32)
-    room = episode.capacity - np.asarray(episode.length)
+    length = np.asarray(episode.length)
+    room = episode.capacity - length
     if (lens > room).any():
         i = int(np.argmax(lens > room))
         raise ValueError(f"row {i}: an observation of {lens[i]} tokens does not fit the {room[i]} left in its cache")
-    width = max(8, 1 << (int(lens.max(initial=1)) - 1).bit_length())
-    obs = np.full((n, width), pad_id, np.int32)
+    obs = np.full((n, bucket(lens.max(initial=1))), pad_id, np.int32)
     for i, ids in enumerate(observations):
         obs[i, :len(ids)] = ids
-    window = _window_for(episode, (np.asarray(episode.length) + lens)[lens > 0].max(initial=1))
+    window = _window_for(episode, (length + lens)[lens > 0].max(initial=1))
     return _append(config, params, episode, jnp.asarray(obs), jnp.asarray(lens), window=window)

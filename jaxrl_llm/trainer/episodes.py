@@ -44,6 +44,15 @@ class Episodes:
     metrics: dict[str, float]
     texts: list[list[str]]
 
+    def finals(self) -> list[str]:
+        """Each episode's last model turn: the text the reward functions judge."""
+        return [t[-1] if t else "" for t in self.texts]
+
+    def decoded(self, tokenizer) -> list[str]:
+        """Each whole episode after its prompt as text, observations included (what the logs show)."""
+        return tokenizer.batch_decode([row[:n] for row, n in zip(self.tokens, self.attention_mask.sum(1))],
+                                      skip_special_tokens=False)
+
 
 def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]], rng, *, max_turns: int,
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
@@ -69,7 +78,8 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
         truncated = [False] * n
         texts: list[list[str]] = [[] for _ in prompts]
         turn_budget = max_turn_tokens or max_new_tokens
-        state = turns.start(mc, params, *left_pad(prompts[::group_size], _bucket(max(map(len, prompts))), pad_id),
+        prompt_width = turns.bucket(max(map(len, prompts)))
+        state = turns.start(mc, params, *left_pad(prompts[::group_size], prompt_width, pad_id),
                             capacity=max_new_tokens, num_samples=group_size)
         for _ in range(max_turns):
             active = [i for i in range(n) if not batch.done[i]]
@@ -136,13 +146,8 @@ def _check_groups(env, prompts: list[list[int]], g: int) -> None:
                              "randomness in the state)")
 
 
-def _bucket(n: int) -> int:
-    """The power of two from 8 at or above n."""
-    return max(8, 1 << (n - 1).bit_length())
-
-
 def _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, t) -> Episodes:
-    prompt_tokens, prompt_mask = left_pad(prompts, _bucket(max(map(len, prompts))), pad_id)
+    prompt_tokens, prompt_mask = left_pad(prompts, turns.bucket(max(map(len, prompts))), pad_id)
     n = len(prompts)
     tokens = np.full((n, t), pad_id, np.int32)
     attention, mask = np.zeros((n, t), np.int32), np.zeros((n, t), np.int32)

@@ -105,11 +105,8 @@ class Rollouts:
         # and every process reports the same keys.
         metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
         prompts, columns = self._reward_inputs(batch, local, step)
-        finals = [t[-1] if t else "" for t in ep.texts]  # what the reward functions judge: the last turn
-        local, scored = self._score(local, prompts, finals, columns, ep.rewards, metrics)
-        # The log shows the whole episode, observations included.
-        scored["completions"] = self.tokenizer.batch_decode([row[:n] for row, n in zip(ep.tokens, local["lengths"])],
-                                                            skip_special_tokens=False)
+        local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, metrics)
+        scored["completions"] = ep.decoded(self.tokenizer)  # the log shows the whole episode
         return local, scored
 
     def _filter_scores(self, rewards):

@@ -112,11 +112,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
             appended = _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs,
                                      truncated)
             if dropped.any():
-                for i in np.flatnonzero(dropped):
-                    if not batch.done[i] and not appended[i]:  # nothing to append: the hidden state would be
-                        dropped[i] += 1  # the dropped token's, so re-feed the last kept one
-                        appended[i] = trajs[i].ids[-1:]
-                state = turns.rewind(state, np.where(batch.done, 0, dropped))
+                state = _rewind(state, batch, trajs, dropped, appended)
             if any(appended):
                 state = turns.append(mc, params, state, appended, pad_id=pad_id)
         return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
@@ -134,6 +130,17 @@ def _observations(tokenizer, tools, batch, observations, history, turn_texts, en
             else:
                 batch.done[i] = truncated[i] = True
     return out
+
+
+def _rewind(state, batch, trajs, dropped, appended):
+    """Drops the tokens drawn after a stop string (dropped (N,)) from the continuing rows' caches. A row
+    with nothing to append next would read the dropped token's hidden state: it is rewound one token
+    further and its last kept token re-fed (put in `appended`)."""
+    for i in np.flatnonzero(dropped):
+        if not batch.done[i] and not appended[i]:
+            dropped[i] += 1
+            appended[i] = trajs[i].ids[-1:]
+    return turns.rewind(state, np.where(batch.done, 0, dropped))
 
 
 def _check_groups(env, prompts: list[list[int]], g: int) -> None:

@@ -3,18 +3,18 @@
 A row's `tests` is one of:
 - a dict `{"inputs": [str, ...], "outputs": [str, ...]}` (or its JSON text): stdin/stdout cases;
 - a dict `{"fn_name": name, "inputs": [[arg, ...], ...], "outputs": [value, ...]}`: function calls;
-- a string of Python or a list of strings, each top-level `assert` of the forms below becoming one
-  function-call case; `import` lines are skipped (the judge needs none):
+- a string of Python or a list of strings (MBPP, HumanEval, APPS/TACO asserts): test code. When
+  every statement is an `import` (skipped), a constant assignment (skipped) or an assert of these
+  forms, each assert is one function-call case, compared by the judge itself (the fast path):
     assert f(args) == literal        assert literal == f(args)       assert f(args) != literal
     assert f(args) is None / True / False                            assert f(args) in literal
     assert f(args)   (== True)       assert not f(args)   (== False)
     assert math.isclose(f(args), literal[, rel_tol=, abs_tol=])
     assert abs(f(args) - literal) < eps   (or <=)
   where args are literals (keywords too) and f a plain name or `Solution().method`; the asserts
-  of a HumanEval-style `def check(candidate): ...` count where `check(f)` is called, and constant
-  assignments (`METADATA = ...`) are skipped. Any other form
-  is refused with a ValueError, unless `unsafe_asserts=True`: then it runs as Python inside the
-  sandbox, where the solution can forge its outcome (documented as hackable).
+  of a HumanEval-style `def check(candidate): ...` count where `check(f)` is called. Any other
+  test code runs whole in a checker process of its own, one case per top-level statement that is
+  not a definition, import or assignment (`script`, `checker`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,19 @@ import copy
 import dataclasses
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl_llm.rewards.code import values
+from jaxrl_llm.rewards.code import script, values
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One unit the judge runs. kind: 'stdio' (payload: stdin text), 'call' (payload: (fn_name,
-    args, kwargs)) or 'exec' (payload: Python source; unsafe). check: how `expected` is compared:
-    'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol), 'abs_lt'/'abs_le' (abs_tol), 'ok' (exec ran)."""
+    args, kwargs)) or 'script' (payload: (source of one top-level statement, the free names as
+    (name, 'proxy' | 'module') pairs), run by the checker process). check: how `expected` is
+    compared: 'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol), 'abs_lt'/'abs_le' (abs_tol)."""
 
     kind: str
     payload: Any
@@ -42,11 +44,19 @@ class Case:
     check: str = "eq"
     rel_tol: float = 0.0
     abs_tol: float = 0.0
-    counted: bool = True  # False: unsafe setup code, run but not scored
+    counted: bool = True  # False: setup (a definition, an import, an assignment), run but not scored
 
 
-def parse_tests(tests, *, unsafe_asserts: bool = False) -> list[Case]:
-    """One row's `tests` (see the module docstring) as cases, in order. ValueError names the field."""
+class _NotSimple(ValueError):
+    """A statement outside the fast path's forms: the row's test code goes to the checker."""
+
+
+def parse_tests(tests, *, unsafe_asserts: bool | None = None) -> list[Case]:
+    """One row's `tests` (see the module docstring) as cases, in order. ValueError names the field.
+    unsafe_asserts: deprecated and ignored (every form is judged safely now)."""
+    if unsafe_asserts is not None:
+        warnings.warn("unsafe_asserts is deprecated and ignored: test code of any form now runs in a checker "
+                      "process, outside the sandbox", DeprecationWarning, stacklevel=2)  # fmt: skip
     if isinstance(tests, str) and tests.lstrip().startswith("{"):
         try:
             tests = json.loads(tests)
@@ -56,23 +66,23 @@ def parse_tests(tests, *, unsafe_asserts: bool = False) -> list[Case]:
         return _io_cases(tests)
     if isinstance(tests, str):
         try:
-            tree = ast.parse(tests)
+            trees = [ast.parse(tests)]
         except SyntaxError as e:
             raise ValueError(f"tests is not valid Python: {e.msg} (line {e.lineno})") from e
-        return _source_cases(tree, unsafe_asserts)
-    if not isinstance(tests, Sequence) or not all(isinstance(t, str) for t in tests):
+    elif isinstance(tests, Sequence) and all(isinstance(t, str) for t in tests):
+        trees = []
+        for i, text in enumerate(tests):
+            try:
+                trees.append(ast.parse(text))
+            except SyntaxError as e:
+                raise ValueError(f"tests[{i}] is not valid Python: {e.msg}") from e
+    else:
         raise ValueError(f"tests must be a dict, a string or a list of strings, got {type(tests).__name__}")
-    cases = []
-    for i, text in enumerate(tests):
-        try:
-            tree = ast.parse(text)
-        except SyntaxError as e:
-            raise ValueError(f"tests[{i}] is not valid Python: {e.msg}") from e
-        try:
-            cases += [c for node in tree.body for c in _statement_cases(node, unsafe_asserts)]
-        except ValueError as e:
-            raise ValueError(f"tests[{i}]: {e}") from e
-    return cases
+    try:
+        return [case for tree in trees for case in _source_cases(tree)]
+    except _NotSimple:
+        units, names = script.script_units(trees)
+        return [Case("script", (source, tuple(names)), counted=counted) for source, counted in units]
 
 
 def _io_cases(spec: Mapping) -> list[Case]:
@@ -103,7 +113,7 @@ def _check_plain(value, field: str) -> None:
         raise ValueError(f"{field} is not a plain value: {e}") from e
 
 
-def _source_cases(tree: ast.Module, unsafe: bool) -> list[Case]:
+def _source_cases(tree: ast.Module) -> list[Case]:
     """Top-level statements in order; HumanEval-style `def check(candidate): assert ...` followed
     by `check(f)` becomes the check's asserts with `candidate` replaced by `f`, and constant
     assignments (`METADATA = {...}`) are skipped."""
@@ -115,13 +125,12 @@ def _source_cases(tree: ast.Module, unsafe: bool) -> list[Case]:
             called.add(name)
             template, fn = templates[name], node.value.args[0].id
             param = template.args.args[0].arg
-            cases += [_statement_cases(_Rename(param, fn).visit(stmt), unsafe)[0] for stmt in _asserts(template)]
+            cases += [_statement_cases(_Rename(param, fn).visit(stmt))[0] for stmt in _asserts(template)]
         elif not (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
                   and _is_literal(node.value)):  # fmt: skip
-            cases += _statement_cases(node, unsafe)
+            cases += _statement_cases(node)
     if set(templates) - called:
-        name = sorted(set(templates) - called)[0]
-        raise ValueError(f"tests define {name}(...) but never call it: add `{name}(<the function to test>)`")
+        raise _NotSimple("a check function called elsewhere, or never")  # the checker's parser says which
     return cases
 
 
@@ -169,22 +178,15 @@ class _Rename(ast.NodeTransformer):
         return ast.Name(self.new, node.ctx) if node.id == self.old else node
 
 
-def _statement_cases(node: ast.stmt, unsafe: bool) -> list[Case]:
+def _statement_cases(node: ast.stmt) -> list[Case]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [Case("exec", ast.unparse(node), check="ok", counted=False)] if unsafe else []
+        return []
     if isinstance(node, ast.Assert):
         try:
             return [_assert_case(node.test)]
         except ValueError as e:
-            if unsafe:
-                return [Case("exec", ast.unparse(node), check="ok")]
-            raise ValueError(f"{e}: {ast.unparse(node)[:120]!r} (only `assert f(literals) == literal` "
-                             "and the documented forms are judged safely; unsafe_asserts=True runs it "
-                             "in the sandbox, hackably)") from None
-    if unsafe:
-        return [Case("exec", ast.unparse(node), check="ok", counted=False)]
-    raise ValueError(f"unsupported test statement {ast.unparse(node)[:120]!r} (only asserts and imports; "
-                     "unsafe_asserts=True runs other code in the sandbox, hackably)")
+            raise _NotSimple(str(e)) from None
+    raise _NotSimple("not an assert")
 
 
 def _assert_case(test: ast.expr) -> Case:

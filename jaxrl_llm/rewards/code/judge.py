@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from jaxrl_llm.rewards.code import launch, values
+from jaxrl_llm.rewards.code import checker, launch, script, values
 from jaxrl_llm.rewards.code.cases import Case
 from jaxrl_llm.rewards.code.session import Session
 
@@ -82,12 +82,16 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
     run_only = not cases
     cases = list(cases) or [Case("stdio", "", None, counted=False)]
     start = time.monotonic()
+    budget = _budget(cases, file_size_mb)
     session = Session(code, backend=backend, load_module=any(c.kind != "stdio" for c in cases), timeout=timeout,
                       memory_mb=memory_mb, cpu_time=cpu_time and math.ceil(cpu_time), file_size_mb=file_size_mb,
-                      disk_mb=disk_mb, audit_on=audit, max_reply=_max_reply(cases, file_size_mb))  # fmt: skip
+                      disk_mb=disk_mb, audit_on=audit, max_reply=budget.bytes)  # fmt: skip
     tally = _Tally(total=sum(c.counted for c in cases), cases=len(cases))
     try:
-        _exchange(session, cases, tally, float_tolerance)
+        if cases[0].kind == "script":
+            _exchange_script(session, cases, tally, budget, float_tolerance, max_line=(file_size_mb + 1) << 20)
+        else:
+            _exchange(session, cases, tally, budget, float_tolerance)
     finally:
         returncode, stdout, stderr = session.close()
     if backend == "bwrap" and returncode is not None and returncode > 128:
@@ -98,16 +102,22 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
                          stdout, stderr, tuple(session.blocked))  # fmt: skip
 
 
-def _max_reply(cases: list[Case], file_size_mb: int) -> int:
-    """The longest reply line worth reading: 1 MiB plus 8 times the longest expected answer (JSON
-    escapes at most ~6x), never more than the output limit allows. A longer one cannot match."""
-    longest = 0
+def _budget(cases: list[Case], file_size_mb: int) -> values.Budget:
+    """What one reply may cost (`values.Budget`). Bytes: 1 MiB plus 8 times the longest expected
+    answer (JSON escapes at most ~6x), a longer one cannot match (`!=` too: an answer that long is
+    refused); a program's shown output (uncounted, test-less) and the checker's calls, whose
+    expectations the judge does not know: the output limit plus 1 MiB. Elements: 2**18 plus twice
+    the expected answer's, 2**20 for those. Never more bytes than the output limit allows."""
+    limit = file_size_mb << 20
+    longest, elements = 0, 0
     for case in cases:
-        if case.check == "ne" or not case.counted:  # any answer may pass (or is just shown): all of it
-            longest = file_size_mb << 20
-        elif case.check in ("eq", "in"):
-            longest = max(longest, len(json.dumps(values.encode(case.expected))))
-    return (1 << 20) + 8 * min(longest, file_size_mb << 20)
+        if case.kind == "script" or not case.counted:
+            longest, elements = max(longest, limit // 8), max(elements, 3 << 18)
+        elif case.check in ("eq", "ne", "in"):
+            encoded = json.dumps(values.encode(case.expected)).encode()
+            longest = max(longest, len(encoded))
+            elements = max(elements, 2 * values.count_elements(encoded, 1 << 30))
+    return values.Budget(bytes=(1 << 20) + 8 * min(longest, limit), elements=(1 << 18) + elements)
 
 
 @dataclasses.dataclass
@@ -125,26 +135,17 @@ class _Tally:
     program_output: str = ""
 
 
-def _exchange(session: Session, cases: list[Case], tally: _Tally, float_tolerance) -> None:
-    ready = _next_record(session, tally)
-    if ready is None:
-        return
-    if "fatal" in ready:
-        tally.fatal = str(ready["fatal"])[:300]
-        return
-    if ready.get("ready") is not True:
-        tally.load_error = str(ready.get("error", "no ready message"))[:300]
-        tally.memory = tally.load_error.startswith("MemoryError")
-        tally.output_limit = "[Errno 27]" in tally.load_error
+def _exchange(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance) -> None:
+    if not ready(session, tally, budget):
         return
     for index, case in enumerate(cases):
         if case.kind == "call":
             request = {"i": index, "call": case.payload}  # (name, args, kwargs): plain, checked by parse_tests
         else:
-            request = {"i": index, "stdin" if case.kind == "stdio" else "exec": case.payload}
+            request = {"i": index, "stdin": case.payload}
         if not session.send(request):
             return
-        record = _next_record(session, tally)
+        record, _ = next_record(session, tally, budget)
         if record is None:
             return
         tally.answered += 1
@@ -156,39 +157,116 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, float_toleranc
             tally.passed += 1
         elif not ok:
             tally.first_failure = tally.first_failure or f"test {index} failed: {why}"
+        if time.monotonic() > session.deadline:  # decoding and comparing count against the row's time
+            session.timed_out = True
+            return
 
 
-def _next_record(session: Session, tally: _Tally) -> dict | None:
-    """The next reply; refusals reported by the audit hook on the way are collected (they can only
-    lower the score, so a forged one harms only its author)."""
+def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance,
+                     max_line: int) -> None:  # fmt: skip
+    """Runs the row's test code in a checker process (`checker`), relaying each proxy call to the
+    sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order."""
+    units = [case.payload[0] for case in cases]
+    units = [(source, case.counted) for source, case in zip(units, cases)]
+    tests = checker.Checker(units, list(cases[0].payload[1]), same=script.SAME, budget=budget,
+                            tolerance=float_tolerance, deadline=session.deadline, max_line=max_line)  # fmt: skip
+    try:
+        if not ready(session, tally, budget):
+            return
+        calls = 0
+        while tally.answered < len(cases):
+            message = tests.receive()
+            if message is None:
+                tally.protocol = tally.protocol or "the checker process ended before every test ran"
+                break
+            if "call" in message:
+                try:
+                    name, args, kwargs = message["call"]
+                    request = {"i": calls, "call": (str(name), values.decode(args), values.decode(kwargs))}
+                except (ValueError, TypeError, RecursionError):
+                    tally.protocol = "the checker process sent a malformed call"
+                    break
+                if not session.send(request):
+                    break
+                record, line = next_record(session, tally, budget)
+                if record is None:
+                    break
+                if type(record.get("i")) is not int or record["i"] != calls:
+                    tally.protocol = f"reply for call {record.get('i')!r} when call {calls} was made"
+                    break
+                note_error(record, tally)
+                calls += 1
+                if not tests.relay(line):
+                    break
+            elif message.get("case") == tally.answered:
+                case = cases[tally.answered]
+                tally.answered += 1
+                if message.get("ok") is True:
+                    tally.passed += case.counted
+                else:
+                    why = str(message.get("why", ""))[:300]
+                    tally.first_failure = tally.first_failure or f"test {tally.answered - 1} failed: {why}"
+            else:
+                tally.protocol = "the checker process broke the protocol"
+                break
+    finally:
+        tests.close()
+        session.timed_out |= tests.timed_out
+
+
+def ready(session: Session, tally: _Tally, budget: values.Budget) -> bool:
+    """Waits for the sandbox's first message: True once the solution loaded, else the tally says why."""
+    record, _ = next_record(session, tally, budget)
+    if record is None:
+        return False
+    if "fatal" in record:
+        tally.fatal = str(record["fatal"])[:300]
+        return False
+    if record.get("ready") is not True:
+        tally.load_error = str(record.get("error", "no ready message"))[:300]
+        tally.memory = tally.load_error.startswith("MemoryError")
+        tally.output_limit = "[Errno 27]" in tally.load_error
+        return False
+    return True
+
+
+def next_record(session: Session, tally: _Tally, budget: values.Budget) -> tuple[dict | None, bytes]:
+    """The next reply and its line, read under `budget`; refusals reported by the audit hook on
+    the way are collected (they can only lower the score, so a forged one harms only its author)."""
     while True:
         line = session.receive()
         if line is None:
-            return None
+            return None, b""
         try:
-            record = values.parse_line(line)
+            record = values.read_reply(line, budget)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            tally.protocol = f"unreadable reply ({type(e).__name__})"
-            return None
+            tally.protocol = f"unreadable reply ({type(e).__name__}: {str(e)[:80]})"
+            return None, b""
         if "blocked" not in record:
-            return record
+            return record, line
         session.blocked.append(str(record["blocked"])[:300])
 
 
+def note_error(record: dict, tally: _Tally) -> str:
+    """The solution's error in `record` ('' if none), noting a MemoryError or an output limit."""
+    if "error" not in record:
+        return ""
+    error = str(record["error"])[:300]
+    tally.memory |= error.startswith("MemoryError")
+    tally.output_limit |= "[Errno 27]" in error
+    return error
+
+
 def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[bool, str]:
-    if "error" in record:
-        error = str(record["error"])[:300]
-        tally.memory |= error.startswith("MemoryError")
-        tally.output_limit |= "[Errno 27]" in error
+    error = note_error(record, tally)
+    if error:
         return False, error
-    if case.kind == "exec":
-        return record.get("ok") is True, "did not run"
     if case.kind == "stdio":
         got = record.get("stdout")
         if type(got) is not str:
             return False, "no output"
         if not case.counted:
-            tally.program_output = got
+            tally.program_output = got[:4096]
             return True, ""
         return values.same_output(case.expected, got, float_tolerance), "wrong output"
     if "value" not in record:
@@ -197,7 +275,10 @@ def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[
         got = values.decode(record["value"])
     except (ValueError, TypeError, RecursionError) as e:
         return False, f"malformed value ({e})"
-    return _compare(case, got, float_tolerance), f"returned {_short(got)}"
+    try:
+        return _compare(case, got, float_tolerance), f"returned {_short(got)}"
+    except Exception as e:  # e.g. OverflowError from 10**400 in abs(got - c) or math.isclose
+        return False, f"returned a value the check cannot compare ({type(e).__name__})"
 
 
 def _compare(case: Case, got, float_tolerance) -> bool:

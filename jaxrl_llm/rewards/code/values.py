@@ -12,8 +12,10 @@ use builtins only and name no module-level constant.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 
 
 def encode(value, depth=0):
@@ -39,7 +41,10 @@ def encode(value, depth=0):
 
 
 def decode(data, depth=0):
-    """The inverse of `encode` on parsed JSON; ValueError on any malformed or unknown form."""
+    """The inverse of `encode` on parsed JSON; ValueError on any malformed or unknown form (TypeError
+    for an unhashable set member or key). Set members and dict keys are hashed once first and refused
+    when more than 64 of them share a hash with another (`k * (2**61 - 1)` all hash to 0): a hash
+    table of them would cost quadratic time. A set of hashes is safe: distinct ints hash apart."""
     if depth > 64:
         raise ValueError("value nested deeper than 64 levels")
     kind = type(data)
@@ -57,15 +62,18 @@ def decode(data, depth=0):
     if tag == "dict":
         if not all(type(p) is list and len(p) == 2 for p in body):
             raise ValueError("malformed dict")
-        return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+        keys = [decode(k, depth + 1) for k, _ in body]
+        if len(keys) - len(set([hash(k) for k in keys])) > 64:  # hashes are ints hashing to themselves
+            raise ValueError("dict keys with too many equal hashes")
+        return dict(zip(keys, [decode(v, depth + 1) for _, v in body]))
     items = [decode(v, depth + 1) for v in body]
     if tag == "tuple":
         return tuple(items)
-    if tag == "set":
-        return set(items)
-    if tag == "frozenset":
-        return frozenset(items)
-    raise ValueError("unknown tag %r" % tag)
+    if tag != "set" and tag != "frozenset":
+        raise ValueError("unknown tag %r" % tag)
+    if len(items) - len(set([hash(v) for v in items])) > 64:
+        raise ValueError("set members with too many equal hashes")
+    return set(items) if tag == "set" else frozenset(items)
 
 
 def _reject_constant(name: str):
@@ -75,6 +83,52 @@ def _reject_constant(name: str):
 def parse_line(line: bytes):
     """One reply line as a dict, strictly: UTF-8, standard JSON only (no NaN/Infinity literals)."""
     record = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+    if type(record) is not dict:
+        raise ValueError("a reply must be a JSON object")
+    return record
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What one reply may cost the judge, whatever the test form. bytes: the longest line read (the
+    session stops reading there); elements: JSON values in it (lists, objects, strings, numbers:
+    each costs ~50-70 bytes of Python object for 1-3 bytes of JSON); depth: nesting (`decode`);
+    digits: of one integer (int parsing is quadratic in them). Time is the row's deadline: the
+    judge checks it after each decode and comparison, which the caps above keep linear."""
+
+    bytes: int = 1 << 20
+    elements: int = 1 << 20
+    digits: int = 4300
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def count_elements(line: bytes, limit: int) -> int:
+    """An upper bound on the JSON values in `line`, exact enough to compare with `limit`: one per
+    comma or opening bracket. Commas inside strings count too, so only when that bound is over the
+    limit are the strings cut out (linear, but ~20 MB/s) and the count redone."""
+    count = line.count(b",") + line.count(b"[") + line.count(b"{") + 1
+    if count <= limit:
+        return count
+    line = _STRING.sub(b'""', line)
+    return line.count(b",") + line.count(b"[") + line.count(b"{") + 1
+
+
+def read_reply(line: bytes, budget: Budget) -> dict:
+    """One reply line as a dict under `budget` (see `Budget`); ValueError (or RecursionError,
+    UnicodeDecodeError) naming what was exceeded. Values inside stay in their wire form: `decode`."""
+    if len(line) > budget.bytes:
+        raise ValueError(f"reply of {len(line)} bytes over the budget of {budget.bytes}")
+    if count_elements(line, budget.elements) > budget.elements:
+        raise ValueError(f"reply of more than {budget.elements} elements")
+
+    def parse_int(text: str) -> int:
+        if len(text) > budget.digits + 1:
+            raise ValueError(f"integer of more than {budget.digits} digits")
+        return int(text)
+
+    record = json.loads(line.decode("utf-8"), parse_constant=_reject_constant, parse_int=parse_int)
     if type(record) is not dict:
         raise ValueError("a reply must be a JSON object")
     return record
@@ -113,9 +167,15 @@ def normalize_output(text: str) -> list[str]:
     return lines
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][+-]?[0-9]+)?")
+
+
 def same_output(expected: str, got: str, float_tolerance: float | None = None) -> bool:
-    """Whitespace-normalised stdout equality; with `float_tolerance`, tokens that both parse as
-    numbers may differ by that much (absolute or relative)."""
+    """Whitespace-normalised stdout equality; with `float_tolerance`, two number tokens may differ by
+    that much (absolute or relative) where either is a float (a decimal point or an exponent).
+    Integers compare exactly (`1000000000` is not `1000000006`), and so does anything that is not a
+    plain decimal number (`1_000_000_006`, `inf`, `0x10`)."""
     want, have = normalize_output(expected), normalize_output(got)
     if want == have:
         return True
@@ -126,12 +186,13 @@ def same_output(expected: str, got: str, float_tolerance: float | None = None) -
         if len(tokens_want) != len(tokens_have):
             return False
         for a, b in zip(tokens_want, tokens_have):
-            if a == b:
-                continue
-            try:
-                x, y = float(a), float(b)
-            except ValueError:
-                return False
-            if not math.isclose(x, y, rel_tol=float_tolerance, abs_tol=float_tolerance):
+            if a != b and not _close_tokens(a, b, float_tolerance):
                 return False
     return True
+
+
+def _close_tokens(a: str, b: str, tolerance: float) -> bool:
+    float_a, float_b = _FLOAT.fullmatch(a), _FLOAT.fullmatch(b)
+    if not (float_a or float_b) or not (float_a or _INT.fullmatch(a)) or not (float_b or _INT.fullmatch(b)):
+        return False  # two integers (their texts differ: the values do too, up to zeros and signs)
+    return math.isclose(float(a), float(b), rel_tol=tolerance, abs_tol=tolerance)

@@ -1,0 +1,218 @@
+"""The checker process: runs a row's test code (trusted) outside the trainer and outside the sandbox.
+
+`python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`, started by the judge for rows whose tests are
+Python beyond the simple assert forms (`script`). It reads one JSON config line (the units, the
+free names, the decoding budget, the tolerance, its own rlimits), then runs the units in order in
+one namespace. A proxy call writes `{"call": [name, args, kwargs]}` (wire form, `values.encode`)
+and reads back one line: the sandbox's own reply, relayed unchanged by the judge, which this
+process decodes under the budget (`values.read_reply`, `values.decode`) into plain values. After
+each unit it writes `{"case": k, "ok": bool, "why": "..."}`.
+
+The solution never sees the test code or anything the test code computes, only the arguments of
+its own calls; what comes back is plain data (no pickle, no object), so a reply cannot forge a
+pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import time
+
+from jaxrl_llm.rewards.code import launch, values
+
+MEMORY_MB = 1024  # RLIMIT_AS of the checker: test code and decoded replies (each within the budget)
+
+_MAIN = r'''
+import builtins, os, resource, sys
+
+
+class SolutionError(Exception):
+    """An exception the solution raised, of a type that is not a builtin exception."""
+
+
+def raised(text):
+    """The solution's `TypeName: message` as an exception to raise in the test code: the builtin
+    exception of that name (tests may expect a ValueError), else SolutionError."""
+    name, _, message = text.partition(": ")
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(message)
+    return SolutionError(text)
+
+
+def main():
+    reader = os.fdopen(int(sys.argv[1]), "rb")
+    reply_fd = int(sys.argv[2])
+
+    def send(record):
+        data = (json.dumps(record) + "\n").encode()
+        while data:
+            data = data[os.write(reply_fd, data):]
+
+    cfg = json.loads(reader.readline())
+    for name, soft, hard in cfg["rlimits"]:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    budget = Budget(**cfg["budget"])
+    tolerance = cfg["tolerance"] or 0.0
+
+    def call(name, args, kwargs):
+        send({"call": [name, encode(list(args)), encode(kwargs)]})
+        line = reader.readline()
+        if not line:
+            raise SystemExit("the judge is gone")
+        record = read_reply(line.rstrip(b"\n"), budget)
+        if "error" in record:
+            raise raised(str(record["error"]))
+        if "value" not in record:
+            raise SolutionError("no value")
+        return decode(record["value"])
+
+    class Proxy:
+        def __init__(self, name):
+            self.__name__ = name
+
+        def __call__(self, *args, **kwargs):
+            return call(self.__name__, args, kwargs)
+
+        def __repr__(self):
+            return "<the solution's %s>" % self.__name__
+
+    class Instance:  # Solution(): its attributes are the solution's methods
+        def __getattr__(self, name):
+            return Proxy(name)
+
+    namespace = {"__name__": "__tests__", "__builtins__": builtins,
+                 cfg["same"]: lambda a, b: same(a, b, tolerance, tolerance)}
+    for name, kind in cfg["names"]:
+        if kind == "module":
+            namespace[name] = __import__(name)
+        else:
+            namespace[name] = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
+    sources = [source for source, _ in cfg["units"]]
+    for k, source in enumerate(sources):
+        try:
+            exec(compile(source, "<tests %d>" % k, "exec"), namespace)
+            send({"case": k, "ok": True})
+        except BaseException as error:
+            send({"case": k, "ok": False, "why": describe(error, sources)})
+
+
+def describe(error, sources):
+    """`TypeName: message`; for a bare failed assert, the assert's line in the test code."""
+    try:
+        text = str(error).strip().splitlines()
+    except BaseException:
+        text = []
+    trace = error.__traceback__
+    while not text and isinstance(error, AssertionError) and trace is not None:
+        code = trace.tb_frame.f_code.co_filename
+        if code.startswith("<tests ") and trace.tb_next is None:
+            lines = sources[int(code[7:-1])].splitlines()
+            text = [lines[trace.tb_lineno - 1].strip()[:120]] if 0 < trace.tb_lineno <= len(lines) else []
+        trace = trace.tb_next
+    return type(error).__name__ + (": " + text[0][:200] if text else "")
+
+
+main()
+'''
+
+SOURCE = inspect.getsource(values) + _MAIN
+
+
+class Checker:
+    """A started checker process: `receive()` one message (a dict; None at EOF, past the deadline
+    or for a malformed or over-long line), `relay(line)` one sandbox reply, `close()`."""
+
+    def __init__(self, units, names, *, same: str, budget: values.Budget, tolerance, deadline: float, max_line: int):
+        self.deadline = deadline
+        self.timed_out = False
+        self.max_line = max_line
+        self._buffer = bytearray()
+        self._scanned = 0
+        cpu = math.ceil(max(1.0, deadline - time.monotonic())) + 1
+        limits = [("RLIMIT_AS", MEMORY_MB << 20, MEMORY_MB << 20), ("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_CORE", 0, 0)]
+        config = {"units": units, "names": names, "same": same, "tolerance": tolerance, "rlimits": limits,
+                  "budget": {"bytes": budget.bytes, "elements": budget.elements, "digits": budget.digits}}  # fmt: skip
+        request_r, self._request_w = os.pipe()
+        self._reply_r, reply_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen([launch._PYTHON, "-I", "-S", "-B", "-c", SOURCE, str(request_r), str(reply_w)],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         pass_fds=(request_r, reply_w), start_new_session=True, cwd="/",
+                                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})  # fmt: skip
+        except BaseException:
+            for fd in (self._request_w, self._reply_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(request_r)
+            os.close(reply_w)
+        os.set_blocking(self._reply_r, False)
+        os.set_blocking(self._request_w, False)
+        self.relay(json.dumps(config).encode())
+
+    def _wait(self, fd: int, event: int) -> bool:
+        """True once `fd` is ready for `event`, False past the deadline (sets `timed_out`)."""
+        poller = select.poll()
+        poller.register(fd, event | select.POLLHUP | select.POLLERR)
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.timed_out = True
+                return False
+            if poller.poll(remaining * 1000):
+                return True
+
+    def relay(self, line: bytes) -> bool:
+        """Writes one line to the checker; False if it is gone or past the deadline."""
+        data = memoryview(line + b"\n")
+        while data:
+            if self._request_w < 0 or not self._wait(self._request_w, select.POLLOUT):
+                return False
+            try:
+                data = data[os.write(self._request_w, data[: 1 << 16]) :]
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+        return True
+
+    def receive(self) -> dict | None:
+        while True:
+            newline = self._buffer.find(b"\n", self._scanned)
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scanned = 0
+                try:
+                    message = json.loads(line)
+                except (ValueError, RecursionError):
+                    return None
+                return message if type(message) is dict else None
+            self._scanned = len(self._buffer)  # search only new bytes next time: linear in the line
+            if len(self._buffer) > self.max_line or not self._wait(self._reply_r, select.POLLIN):
+                return None
+            try:
+                chunk = os.read(self._reply_r, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def close(self) -> None:
+        for fd in (self._request_w, self._reply_r):
+            if fd >= 0:
+                os.close(fd)
+        self._request_w = self._reply_r = -1
+        try:  # not yet reaped, so the group id cannot have been reused
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()

@@ -48,22 +48,32 @@ def test_assert_forms_become_function_call_cases():
 
 
 @pytest.mark.parametrize(
-    "test, message",
-    [
-        ("assert add(1, 2) + 1 == 4", "unsupported assert form|must be a call"),
-        ("assert add(x, 2) == 3", "'x' is not a literal"),
-        ("assert add(1, 2) == expected(1, 2)", "is not a literal"),
-        ("check(add)", "unsupported test statement 'check\\(add\\)'"),
-        ("def helper():\n    pass", "unsupported test statement"),
-        ("assert add(*[1, 2]) == 3", r"\*args/\*\*kwargs are not supported"),
-        ("assert add(1, 2) == 1j", "is not a plain value"),
+    "test, passing, failing",
+    [  # forms beyond the fast path run in the checker process: the test code's own verdict
+        ("assert add(1, 2) + 1 == 4", ADD, "def add(a, b):\n    return a - b"),
+        ("x = 2\nassert add(x, 2) == 4", ADD, "def add(a, b):\n    return 5"),
+        ("def expected(a, b):\n    return a + b\nassert add(1, 2) == expected(1, 2)", ADD, "def add(a, b):\n    return 0"),
+        ("assert add(*[1, 2]) == 3", ADD, "def add(a, b):\n    return (a, b)"),
+        ("assert add(1, 2) == 1j", "def add(a, b):\n    return 1j", ADD),  # 1j cannot cross: no pass at all
+        ("import math\nassert math.isclose(add(0.1, 0.2), 0.3) and add(1, 1) > 1", ADD, "def add(a, b):\n    return 0.3"),
+        ("assert math.isclose(add(0.1, 0.2) * 1, 0.3)", ADD, "def add(a, b):\n    return 0.4"),  # math: the module
     ],
 )
-def test_unsupported_asserts_are_refused_with_a_clear_error(test, message):
-    with pytest.raises(ValueError, match=message):
-        parse_tests(test)
-    with pytest.raises(ValueError, match=r"tests\[0\]: "):
-        parse_tests([test])
+def test_other_test_code_runs_in_the_checker(test, passing, failing):
+    cases = parse_tests(test)
+    assert {c.kind for c in cases} == {"script"} and sum(c.counted for c in cases) == 1
+    expected = 0.0 if "1j" in test else 1.0
+    assert run_sandboxed(passing, test, timeout=5).score == expected
+    assert run_sandboxed(failing, test, timeout=5).score == 0.0
+
+
+def test_test_code_errors_are_early_and_clear():
+    with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
+        parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x")
+    with pytest.raises(ValueError, match=r"tests\[1\] is not valid Python"):
+        parse_tests(["assert f(1) == 1", "assert ("])
+    with pytest.warns(DeprecationWarning, match="unsafe_asserts is deprecated and ignored"):
+        assert parse_tests(["assert add(1, 2) == 3"], unsafe_asserts=True) == parse_tests(["assert add(1, 2) == 3"])
 
 
 def test_dict_formats_and_their_errors():
@@ -87,12 +97,33 @@ def test_dict_formats_and_their_errors():
         parse_tests("assert (")
 
 
-def test_unsafe_asserts_opt_in_runs_other_forms_in_the_sandbox():
-    tests = "def expected(a, b):\n    return a + b\nassert add(1, 2) == expected(1, 2)\nassert add(2, 2) == 4"
-    cases = parse_tests(tests, unsafe_asserts=True)
-    assert [(c.kind, c.counted) for c in cases] == [("exec", False), ("exec", True), ("call", True)]
-    result = run_sandboxed(ADD, tests, unsafe_asserts=True, timeout=5)
-    assert (result.status, result.passed, result.total) == ("passed", 2, 2)
+def test_checker_cases_proxies_and_exact_equality():
+    tests = textwrap.dedent(
+        """
+        import math
+        def helper(n):
+            return [add(i, i) for i in range(n)]
+        total = sum(helper(3))
+        assert total == 6
+        for i in range(5):
+            assert add(i, 1) == i + 1, "loop"
+        assert Solution().twice(2) == 4
+        print("test code may print")
+        """
+    )
+    cases = parse_tests(tests)
+    assert [c.counted for c in cases] == [False, False, False, True, True, True, True]
+    assert dict(cases[0].payload[1]) == {"add": "proxy", "Solution": "proxy"}
+    code = ADD + "class Solution:\n    def twice(self, x):\n        return 2 * x\n"
+    result = run_sandboxed(code, tests, timeout=5)
+    assert (result.status, result.passed, result.total) == ("passed", 4, 4)
+    # `==` in an assert compares with exact types, as the fast path does: 3.0 is not 3, True not 1.
+    result = run_sandboxed(ADD.replace("a + b", "float(a + b)"), tests, timeout=5)
+    assert (result.passed, result.reason) == (1, "test 3 failed: AssertionError: assert __judge_same__(total, 6)")
+    # An exception of the solution reaches the test code as the same builtin type.
+    raising = "def f(x):\n    raise ValueError('no')"
+    caught = "try:\n    f(1)\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok"
+    assert run_sandboxed(raising, caught, timeout=5).score == 1.0
 
 
 @pytest.mark.parametrize(
@@ -188,8 +219,8 @@ def test_code_tests_reward_batches_rows_in_order():
         code_tests(["q"], ["a"], tests=["assert ("])
     with pytest.raises(ValueError, match="tests of row 0: tests must be a dict, a string or a list of strings, got int"):
         code_tests(["q"], ["a"], tests=[3])
-    with pytest.raises(ValueError, match=r"tests of row 0: tests\[0\]: unsupported"):
-        code_tests(["q"], ["a"], tests=[["assert True"]])
+    with pytest.raises(ValueError, match=r"tests of row 0: tests define check\(...\) but never call it"):
+        code_tests(["q"], ["a"], tests=[["def check(candidate):\n    assert candidate(1)"]])
 
 
 def test_a_batch_runs_in_parallel_within_the_pool():
@@ -254,8 +285,10 @@ def test_humaneval_style_check_functions():
     assert run_sandboxed(ADD, tests).status == "passed"
     with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
         parse_tests("def check(candidate):\n    assert candidate(1) == 1")
-    with pytest.raises(ValueError, match="unsupported test statement"):
-        parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x\ncheck(f)")
+    looped = "def check(candidate):\n    for x in range(3):\n        assert candidate(x, 0) == x\ncheck(add)"
+    assert [c.kind for c in parse_tests(looped)] == ["script", "script"]  # the whole check: one case
+    assert run_sandboxed(ADD, looped).score == 1.0 and run_sandboxed(ADD.replace("a + b", "a"), looped).score == 1.0
+    assert run_sandboxed(ADD.replace("a + b", "a * b"), looped).score == 0.0
 
 
 def test_any_refused_operation_scores_zero_even_when_caught():

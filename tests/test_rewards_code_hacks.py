@@ -163,11 +163,14 @@ def test_stdout_hacks_score_zero(backend):
         assert result.score == 0.0, (code, result)
 
 
-def test_unsafe_asserts_are_hackable_as_documented():
-    # The opt-in runs asserts inside the sandbox: an always-equal object passes them. Documented.
-    code = "class E:\n    def __eq__(self, o): return True\ndef add(a, b): return E()"
-    result = run_sandboxed(code, ["assert add(1, 2) == add(2, 1)"], unsafe_asserts=True, timeout=5)
-    assert result.score == 1.0
+def test_test_code_of_any_form_cannot_be_forged(backend):
+    # Test code beyond the simple forms runs in the checker process (the old opt-in ran it in the
+    # sandbox, where an always-equal object passed): the solution's values arrive there as plain data.
+    tests = ["assert add(1, 2) - add(2, 1) + 3 == add(1, 2)", "assert [add(i, 1) for i in range(3)] == [1, 2, 3]"]
+    for attack in ["always-equal object", "int subclass equal to everything", "patch os.write to forge every reply",
+                   "traceback tb_frame: call the reporter directly", "frame walking: rewrite the harness's state"]:
+        result = judge(textwrap.dedent(HACKS[attack]), parse_tests(tests), backend=backend, timeout=5)
+        assert result.passed == 0 and result.score == 0.0, (attack, result)
 
 
 def test_cpu_spin_is_cut_by_the_cpu_limit(backend):

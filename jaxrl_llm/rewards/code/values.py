@@ -12,7 +12,6 @@ use builtins only and name no module-level constant.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -88,17 +87,21 @@ def parse_line(line: bytes):
     return record
 
 
-@dataclasses.dataclass(frozen=True)
 class Budget:
     """What one reply may cost the judge, whatever the test form. bytes: the longest line read (the
     session stops reading there); elements: JSON values in it (lists, objects, strings, numbers:
-    each costs ~50-70 bytes of Python object for 1-3 bytes of JSON); depth: nesting (`decode`);
+    each costs ~50-70 bytes of Python object for 1-3 bytes of JSON); depth: nesting, 64 (`decode`);
     digits: of one integer (int parsing is quadratic in them). Time is the row's deadline: the
-    judge checks it after each decode and comparison, which the caps above keep linear."""
+    judge checks it after each decode and comparison, which the caps above keep linear. (A plain
+    class: the checker process runs this module, and dataclasses would double its start-up.)"""
 
-    bytes: int = 1 << 20
-    elements: int = 1 << 20
-    digits: int = 4300
+    __slots__ = ("bytes", "elements", "digits")
+
+    def __init__(self, bytes: int = 1 << 20, elements: int = 1 << 20, digits: int = 4300):
+        self.bytes, self.elements, self.digits = bytes, elements, digits
+
+    def __repr__(self) -> str:
+        return f"Budget(bytes={self.bytes}, elements={self.elements}, digits={self.digits})"
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')

@@ -171,6 +171,10 @@ def test_test_code_of_any_form_cannot_be_forged(backend):
                    "traceback tb_frame: call the reporter directly", "frame walking: rewrite the harness's state"]:
         result = judge(textwrap.dedent(HACKS[attack]), parse_tests(tests), backend=backend, timeout=5)
         assert result.passed == 0 and result.score == 0.0, (attack, result)
+    # The expected values stay in the checker: computed by the test code, never sent.
+    tests = ["expected = 987654320 + 1\nassert add(1, 2) == expected"]
+    result = judge(textwrap.dedent(HACKS["read the expected answers"]), parse_tests(tests), backend=backend, timeout=5)
+    assert parse_tests(tests)[0].kind == "script" and result.score == 0.0, result
 
 
 def test_cpu_spin_is_cut_by_the_cpu_limit(backend):

@@ -3,13 +3,15 @@
 The solution runs in a sandbox (`launch`: bubblewrap namespaces, seccomp, a uid of its own, rlimits,
 an audit hook; fewer layers where bubblewrap is missing, see `sandbox_layers()`). The judge
 (`judge`), outside it, sends only inputs (`cases`), receives only plain values (`values`) and
-compares them itself, so nothing the solution does inside can forge a pass. docs/rewards.md has
-the formats and the threat model.
+compares them itself, or lets the dataset's test code compare them in a checker process of its
+own (`checker`), where the solution's functions are proxies; so nothing the solution does inside
+can forge a pass. docs/rewards.md has the formats and the threat model.
 
-Modules: `cases` (test formats, assert parsing, code extraction), `values` (wire format, exact
-comparison), `runner` (the program inside the sandbox), `audit` (its audit hook), `seccomp` (its
-system-call filter), `launch` (starting it), `session` (one sandbox from the judge's side),
-`judge` (scoring), `api` (entry points).
+Modules: `cases` (test formats, assert parsing, code extraction), `script` (other test code as
+units), `values` (wire format, decoding budget, exact comparison), `runner` (the program inside the
+sandbox), `audit` (its audit hook), `seccomp` (its system-call filter), `launch` (starting it),
+`session` (one sandbox from the judge's side), `checker` (the test code's process), `judge`
+(scoring), `api` (entry points).
 """
 
 from jaxrl_llm.rewards.code.api import code_tests, run_code_tests, run_sandboxed, sandbox_layers

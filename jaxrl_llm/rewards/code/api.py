@@ -27,15 +27,18 @@ def sandbox_layers() -> tuple[str, ...]:
 
 def run_sandboxed(code: str, tests=(), *, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB,
                   cpu_time: float | None = None, file_size_mb: int = DEFAULT_FILE_SIZE_MB,
-                  disk_mb: int = DEFAULT_DISK_MB, unsafe_asserts: bool = False,
+                  disk_mb: int = DEFAULT_DISK_MB, unsafe_asserts: bool | None = None,
                   float_tolerance: float | None = None) -> SandboxResult:  # fmt: skip
     """Runs `code` against `tests` (any format of `parse_tests`; none: the program runs once with
     empty stdin and `stdout` holds what it printed) in one sandbox.
 
     timeout: wall-clock seconds for the whole run. cpu_time: RLIMIT_CPU seconds, default
     ceil(timeout). memory_mb: RLIMIT_AS. file_size_mb: RLIMIT_FSIZE (files, output). disk_mb: the
-    size of the sandbox's writable tmpfs."""
-    cases = parse_tests(tests, unsafe_asserts=unsafe_asserts) if _has_tests(tests) else []
+    size of the sandbox's writable tmpfs. unsafe_asserts: deprecated, ignored (test code of any form
+    runs in the checker process)."""
+    if unsafe_asserts is not None:
+        parse_tests([], unsafe_asserts=unsafe_asserts)  # the deprecation warning
+    cases = parse_tests(tests) if _has_tests(tests) else []
     return judge(code, cases, timeout=timeout, memory_mb=memory_mb, cpu_time=cpu_time, file_size_mb=file_size_mb,
                  disk_mb=disk_mb, float_tolerance=float_tolerance)  # fmt: skip
 
@@ -50,7 +53,7 @@ def _has_tests(tests) -> bool:
 
 
 def run_code_tests(completions: Sequence[str], tests: Sequence, *, timeout: float = DEFAULT_TIMEOUT,
-                   memory_mb: int = DEFAULT_MEMORY_MB, max_workers: int | None = None, unsafe_asserts: bool = False,
+                   memory_mb: int = DEFAULT_MEMORY_MB, max_workers: int | None = None, unsafe_asserts: bool | None = None,
                    float_tolerance: float | None = None) -> list[SandboxResult | None]:  # fmt: skip
     """Runs every completion's code against its row's tests, at most `max_workers` sandboxes at a
     time (default: the CPU count). Rows whose tests are None or empty give None."""
@@ -58,10 +61,12 @@ def run_code_tests(completions: Sequence[str], tests: Sequence, *, timeout: floa
         raise ValueError(f"code_tests needs the column 'tests' with {len(completions)} entries")
     if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer, got {max_workers!r}")
+    if unsafe_asserts is not None:
+        parse_tests([], unsafe_asserts=unsafe_asserts)  # the deprecation warning, once per batch
     rows = []
     for i, row in enumerate(tests):
         try:
-            rows.append(parse_tests(row, unsafe_asserts=unsafe_asserts) if _has_tests(row) else [])
+            rows.append(parse_tests(row) if _has_tests(row) else [])
         except ValueError as e:
             raise ValueError(f"tests of row {i}: {e}") from e
     jobs = [i for i, cases in enumerate(rows) if cases]
@@ -83,7 +88,7 @@ def run_code_tests(completions: Sequence[str], tests: Sequence, *, timeout: floa
 @register_reward("code_tests")
 def code_tests(prompts: Sequence[str], completions: Sequence[str], *, tests: Sequence,
                timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB, max_workers: int | None = None,
-               unsafe_asserts: bool = False, float_tolerance: float | None = None, **columns) -> list[float | None]:  # fmt: skip
+               unsafe_asserts: bool | None = None, float_tolerance: float | None = None, **columns) -> list[float | None]:  # fmt: skip
     """Pass fraction of each completion's code on its row's `tests` (see `parse_tests`), judged
     outside the sandbox; 0 on time-out, memory or a refused operation; None without tests."""
     del prompts, columns

@@ -81,3 +81,33 @@ def test_the_budget_is_checked_before_parsing():
 def test_float_tolerance_applies_only_to_floats(expected, got, ok):
     assert values.same_output(expected, got, float_tolerance=1e-6) is ok
     assert values.same_output(expected, expected, float_tolerance=1e-6)
+
+
+def test_decoding_and_comparing_count_against_the_row_timeout(monkeypatch):
+    from jaxrl_llm.rewards.code import parse_tests, run_sandboxed
+
+    real_same = values.same
+
+    def slow_same(*args):  # a comparison that takes its time, as a huge honest answer would
+        time.sleep(0.8)
+        return real_same(*args)
+
+    monkeypatch.setattr(values, "same", slow_same)  # the judge calls values.same
+    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(3, 3) == 6"]
+    assert [c.kind for c in parse_tests(tests)] == ["call"] * 3
+    result = run_sandboxed("def add(a, b):\n    return a + b", tests, timeout=1.5)
+    # The second comparison ends past the deadline: it does not count (answered in time, it would).
+    assert result.status == "timeout" and (result.passed, result.total) == (1, 3), result
+
+
+def test_the_checker_process_has_limits_of_its_own():
+    from jaxrl_llm.rewards.code import run_sandboxed
+
+    add = "def add(a, b):\n    return a + b"
+    start = time.monotonic()
+    result = run_sandboxed(add, ["assert add(1, 2) == 3 and add(0, 0) == 0", "while True:\n    pass"], timeout=2)
+    assert result.status == "timeout" and (result.passed, result.total) == (1, 2), result
+    assert time.monotonic() - start < 2 + 3
+    # Test code that allocates past the checker's RLIMIT_AS fails that case only.
+    result = run_sandboxed(add, ["x = add(1, 2)\nassert x == 3", "assert len(bytearray(4 << 30)) > 0"], timeout=5)
+    assert (result.passed, result.total) == (1, 2) and "MemoryError" in result.reason, result

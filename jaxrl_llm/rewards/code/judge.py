@@ -153,13 +153,13 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, budget: values
             tally.protocol = f"reply for test {record.get('i')!r} when test {index} was asked"
             return
         ok, why = _verdict(case, record, float_tolerance, tally)
+        if time.monotonic() > session.deadline:  # decoding and comparing count against the row's time:
+            session.timed_out = True  # a verdict reached too late does not count
+            return
         if case.counted and ok:
             tally.passed += 1
         elif not ok:
             tally.first_failure = tally.first_failure or f"test {index} failed: {why}"
-        if time.monotonic() > session.deadline:  # decoding and comparing count against the row's time
-            session.timed_out = True
-            return
 
 
 def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance,

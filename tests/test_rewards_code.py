@@ -57,6 +57,7 @@ def test_assert_forms_become_function_call_cases():
         ("assert add(1, 2) == 1j", "def add(a, b):\n    return 1j", ADD),  # 1j cannot cross: no pass at all
         ("import math\nassert math.isclose(add(0.1, 0.2), 0.3) and add(1, 1) > 1", ADD, "def add(a, b):\n    return 0.3"),
         ("assert math.isclose(add(0.1, 0.2) * 1, 0.3)", ADD, "def add(a, b):\n    return 0.4"),  # math: the module
+        ("if __name__ == '__main__':\n    assert add(1, 2) == 3", ADD, "def add(a, b):\n    return 0"),
     ],
 )
 def test_other_test_code_runs_in_the_checker(test, passing, failing):

@@ -87,13 +87,17 @@ def main():
         def __getattr__(self, name):
             return Proxy(name)
 
-    namespace = {"__name__": "__tests__", "__builtins__": builtins,
-                 cfg["same"]: lambda a, b: same(a, b, tolerance, tolerance)}
+    module = type(sys)("__main__")  # `if __name__ == "__main__": check(f)` runs; dataclasses find it
+    sys.modules["__main__"] = module
+    namespace = module.__dict__
+    namespace.update({"__builtins__": builtins, cfg["same"]: lambda a, b: same(a, b, tolerance, tolerance)})
     for name, kind in cfg["names"]:
+        namespace[name] = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
         if kind == "module":
-            namespace[name] = __import__(name)
-        else:
-            namespace[name] = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
+            try:
+                namespace[name] = __import__(name)
+            except BaseException:
+                pass
     sources = [source for source, _ in cfg["units"]]
     for k, source in enumerate(sources):
         try:

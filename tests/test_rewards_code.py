@@ -120,7 +120,10 @@ def test_checker_cases_proxies_and_exact_equality():
     assert (result.status, result.passed, result.total) == ("passed", 4, 4)
     # `==` in an assert compares with exact types, as the fast path does: 3.0 is not 3, True not 1.
     result = run_sandboxed(ADD.replace("a + b", "float(a + b)"), tests, timeout=5)
-    assert (result.passed, result.reason) == (1, "test 3 failed: AssertionError: assert __judge_same__(total, 6)")
+    assert (result.passed, result.reason) == (1, "test 3 failed: AssertionError: assert total == 6")
+    # float_tolerance reaches the checker's exact comparison too.
+    assert run_sandboxed("def f():\n    return 0.1 + 0.2", "x = f()\nassert x == 0.3").score == 0.0
+    assert run_sandboxed("def f():\n    return 0.1 + 0.2", "x = f()\nassert x == 0.3", float_tolerance=1e-9).score == 1.0
     # An exception of the solution reaches the test code as the same builtin type.
     raising = "def f(x):\n    raise ValueError('no')"
     caught = "try:\n    f(1)\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok"

@@ -35,7 +35,7 @@ from jaxrl_llm.rewards.code import script, values
 class Case:
     """One unit the judge runs. kind: 'stdio' (payload: stdin text), 'call' (payload: (fn_name,
     args, kwargs)) or 'script' (payload: (source of one top-level statement, the free names as
-    (name, 'proxy' | 'module') pairs), run by the checker process). check: how `expected` is
+    (name, 'proxy' | 'module') pairs, the statement as written), run by the checker process). check: how `expected` is
     compared: 'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol), 'abs_lt'/'abs_le' (abs_tol)."""
 
     kind: str
@@ -82,7 +82,7 @@ def parse_tests(tests, *, unsafe_asserts: bool | None = None) -> list[Case]:
         return [case for tree in trees for case in _source_cases(tree)]
     except _NotSimple:
         units, names = script.script_units(trees)
-        return [Case("script", (source, tuple(names)), counted=counted) for source, counted in units]
+        return [Case("script", (source, tuple(names), shown), counted=counted) for source, counted, shown in units]
 
 
 def _io_cases(spec: Mapping) -> list[Case]:

@@ -98,17 +98,17 @@ def main():
                 namespace[name] = __import__(name)
             except BaseException:
                 pass
-    sources = [source for source, _ in cfg["units"]]
-    for k, source in enumerate(sources):
+    shown = [written for _, written in cfg["units"]]
+    for k, (source, _) in enumerate(cfg["units"]):
         try:
             exec(compile(source, "<tests %d>" % k, "exec"), namespace)
             send({"case": k, "ok": True})
         except BaseException as error:
-            send({"case": k, "ok": False, "why": describe(error, sources)})
+            send({"case": k, "ok": False, "why": describe(error, shown)})
 
 
-def describe(error, sources):
-    """`TypeName: message`; for a bare failed assert, the assert's line in the test code."""
+def describe(error, shown):
+    """`TypeName: message`; for a bare failed assert, the assert's line in the test code as written."""
     try:
         text = str(error).strip().splitlines()
     except BaseException:
@@ -117,7 +117,7 @@ def describe(error, sources):
     while not text and isinstance(error, AssertionError) and trace is not None:
         code = trace.tb_frame.f_code.co_filename
         if code.startswith("<tests ") and trace.tb_next is None:
-            lines = sources[int(code[7:-1])].splitlines()
+            lines = shown[int(code[7:-1])].splitlines()
             text = [lines[trace.tb_lineno - 1].strip()[:120]] if 0 < trace.tb_lineno <= len(lines) else []
         trace = trace.tb_next
     return type(error).__name__ + (": " + text[0][:200] if text else "")

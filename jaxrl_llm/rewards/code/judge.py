@@ -166,8 +166,7 @@ def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget:
                      max_line: int) -> None:  # fmt: skip
     """Runs the row's test code in a checker process (`checker`), relaying each proxy call to the
     sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order."""
-    units = [case.payload[0] for case in cases]
-    units = [(source, case.counted) for source, case in zip(units, cases)]
+    units = [(case.payload[0], case.payload[2]) for case in cases]
     tests = checker.Checker(units, list(cases[0].payload[1]), same=script.SAME, budget=budget,
                             tolerance=float_tolerance, deadline=session.deadline, max_line=max_line)  # fmt: skip
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import sys
 
 SETUP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
@@ -23,14 +24,15 @@ SETUP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.
 SAME = "__judge_same__"  # the checker's exact comparison, bound in its namespace
 
 
-def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool]], list[tuple[str, str]]]:
-    """(units, names): units as (source, counted) in order; names as (name, 'proxy' | 'module')
-    for the free names. ValueError for a `check(candidate)`-style function never called."""
+def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool, str]], list[tuple[str, str]]]:
+    """(units, names): units as (source to run, counted, source as written: for messages; the same
+    lines) in order; names as (name, 'proxy' | 'module') for the free names. ValueError for a `check(candidate)`-style function never called."""
     statements = [node for tree in trees for node in tree.body]
     if not statements:
         return [], []
     _require_calls(statements)
-    units = [(ast.unparse(_ExactEquality().visit(node)), not isinstance(node, SETUP)) for node in statements]
+    units = [(ast.unparse(_ExactEquality().visit(copy.deepcopy(node))), not isinstance(node, SETUP), ast.unparse(node))
+             for node in statements]  # fmt: skip
     return units, _free_names(statements)
 
 

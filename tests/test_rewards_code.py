@@ -162,7 +162,7 @@ def test_values_round_trip_and_compare_with_exact_types():
         with pytest.raises(ValueError):
             values.decode(bad)
     with pytest.raises(ValueError, match="non-standard JSON constant NaN"):
-        values.parse_line(b'{"value": NaN}')
+        values.read_reply(b'{"value": NaN}', values.Budget())
     assert values.same_output("1 2\n3\n", "1 2  \n3\n\n") and not values.same_output("3", "3.0")
     assert values.same_output("0.3333", "0.33333", float_tolerance=1e-3)
 

@@ -79,14 +79,6 @@ def _reject_constant(name: str):
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def parse_line(line: bytes):
-    """One reply line as a dict, strictly: UTF-8, standard JSON only (no NaN/Infinity literals)."""
-    record = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
-    if type(record) is not dict:
-        raise ValueError("a reply must be a JSON object")
-    return record
-
-
 class Budget:
     """What one reply may cost the judge, whatever the test form. bytes: the longest line read (the
     session stops reading there); elements: JSON values in it (lists, objects, strings, numbers:
@@ -119,8 +111,9 @@ def count_elements(line: bytes, limit: int) -> int:
 
 
 def read_reply(line: bytes, budget: Budget) -> dict:
-    """One reply line as a dict under `budget` (see `Budget`); ValueError (or RecursionError,
-    UnicodeDecodeError) naming what was exceeded. Values inside stay in their wire form: `decode`."""
+    """One reply line as a dict, strictly (UTF-8, standard JSON only: no NaN/Infinity literals) and
+    under `budget` (see `Budget`); ValueError (or RecursionError, UnicodeDecodeError) saying what
+    was wrong or exceeded. Values inside stay in their wire form: `decode`."""
     if len(line) > budget.bytes:
         raise ValueError(f"reply of {len(line)} bytes over the budget of {budget.bytes}")
     if count_elements(line, budget.elements) > budget.elements:
@@ -196,6 +189,7 @@ def same_output(expected: str, got: str, float_tolerance: float | None = None) -
 
 def _close_tokens(a: str, b: str, tolerance: float) -> bool:
     float_a, float_b = _FLOAT.fullmatch(a), _FLOAT.fullmatch(b)
-    if not (float_a or float_b) or not (float_a or _INT.fullmatch(a)) or not (float_b or _INT.fullmatch(b)):
-        return False  # two integers (their texts differ: the values do too, up to zeros and signs)
+    numbers = (float_a or _INT.fullmatch(a)) and (float_b or _INT.fullmatch(b))
+    if not numbers or not (float_a or float_b):
+        return False  # not two numbers, or two integers: compared as text, exactly
     return math.isclose(float(a), float(b), rel_tol=tolerance, abs_tol=tolerance)

@@ -35,8 +35,9 @@ from jaxrl_llm.rewards.code import script, values
 class Case:
     """One unit the judge runs. kind: 'stdio' (payload: stdin text), 'call' (payload: (fn_name,
     args, kwargs)) or 'script' (payload: (source of one top-level statement, the free names as
-    (name, 'proxy' | 'module') pairs, the statement as written), run by the checker process). check: how `expected` is
-    compared: 'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol), 'abs_lt'/'abs_le' (abs_tol)."""
+    (name, 'proxy' | 'module') pairs, the statement as written), run by the checker process).
+    check: how `expected` is compared: 'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol),
+    'abs_lt'/'abs_le' (abs_tol)."""
 
     kind: str
     payload: Any

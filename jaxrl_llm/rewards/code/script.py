@@ -26,7 +26,8 @@ SAME = "__judge_same__"  # the checker's exact comparison, bound in its namespac
 
 def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool, str]], list[tuple[str, str]]]:
     """(units, names): units as (source to run, counted, source as written: for messages; the same
-    lines) in order; names as (name, 'proxy' | 'module') for the free names. ValueError for a `check(candidate)`-style function never called."""
+    lines) in order; names as (name, 'proxy' | 'module') for the free names. ValueError for a
+    `check(candidate)`-style function never called."""
     statements = [node for tree in trees for node in tree.body]
     if not statements:
         return [], []
@@ -39,10 +40,13 @@ def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool, str]], 
 def _require_calls(statements: list[ast.stmt]) -> None:
     """A function of one parameter named `candidate` (HumanEval's `check`) that nothing calls would
     leave the row with nothing to judge: an error, not a pass."""
-    called = {n.func.id for s in statements for n in ast.walk(s) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    calls = (n for s in statements for n in ast.walk(s) if isinstance(n, ast.Call))
+    called = {n.func.id for n in calls if isinstance(n.func, ast.Name)}
     for node in statements:
-        if isinstance(node, ast.FunctionDef) and [a.arg for a in node.args.args] == ["candidate"] and node.name not in called:
-            raise ValueError(f"tests define {node.name}(...) but never call it: add `{node.name}(<the function to test>)`")
+        if isinstance(node, ast.FunctionDef) and [a.arg for a in node.args.args] == ["candidate"]:
+            if node.name not in called:
+                raise ValueError(f"tests define {node.name}(...) but never call it: "
+                                 f"add `{node.name}(<the function to test>)`")  # fmt: skip
 
 
 class _ExactEquality(ast.NodeTransformer):

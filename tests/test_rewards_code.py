@@ -124,6 +124,13 @@ def test_checker_cases_proxies_and_exact_equality():
     # float_tolerance reaches the checker's exact comparison too.
     assert run_sandboxed("def f():\n    return 0.1 + 0.2", "x = f()\nassert x == 0.3").score == 0.0
     assert run_sandboxed("def f():\n    return 0.1 + 0.2", "x = f()\nassert x == 0.3", float_tolerance=1e-9).score == 1.0
+    # A setup statement that raises fails the whole row, even the cases that passed before it.
+    setup = ["assert add(1, 1) == 2 and add(0, 0) == 0", "ok = check(add)", "assert add(2, 2) == 4"]
+    check = "def check(f):\n    assert f(3, 3) == 6\n    return True"
+    wrong = ADD.replace("a + b", "a + b + (a == 3)")
+    assert run_sandboxed(ADD, [check] + setup, timeout=5).score == 1.0
+    result = run_sandboxed(wrong, [check] + setup, timeout=5)
+    assert (result.score, result.reason) == (0.0, "test 2 failed: AssertionError: assert f(3, 3) == 6"), result
     # An exception of the solution reaches the test code as the same builtin type.
     raising = "def f(x):\n    raise ValueError('no')"
     caught = "try:\n    f(1)\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok"

@@ -172,7 +172,7 @@ def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget:
     try:
         if not ready(session, tally, budget):
             return
-        calls = 0
+        calls, setup_failed = 0, False
         while tally.answered < len(cases):
             message = tests.receive()
             if message is None:
@@ -201,10 +201,12 @@ def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget:
                 case = cases[tally.answered]
                 tally.answered += 1
                 if message.get("ok") is True:
-                    tally.passed += case.counted
+                    tally.passed += case.counted and not setup_failed
                 else:
                     why = str(message.get("why", ""))[:300]
                     tally.first_failure = tally.first_failure or f"test {tally.answered - 1} failed: {why}"
+                    if not case.counted:  # the test code could not set itself up: nothing after it counts
+                        setup_failed, tally.passed = True, 0
             else:
                 tally.protocol = "the checker process broke the protocol"
                 break

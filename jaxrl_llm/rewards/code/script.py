@@ -4,7 +4,7 @@ Python tests that are not all of the simple assert forms.
 The test code is trusted (like the config). Each top-level statement is one unit, run in order in
 one namespace of the checker process; a unit that is not a definition, an import or an assignment
 (an `assert`, a call such as HumanEval's `check(candidate)`, a loop) is one counted case, passed
-when it raises nothing. The names the test code uses without defining them (and that are not
+when it raises nothing; a setup statement that raises fails the whole row. The names the test code uses without defining them (and that are not
 builtins) are the solution's: proxies that send their arguments to the sandbox and return its
 reply decoded into plain values; `Solution().method(...)` calls `method`. A free name used only
 as `name.attr` that is a standard-library module (`math.isclose` without `import math`) is that

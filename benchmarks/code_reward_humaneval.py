@@ -34,7 +34,7 @@ def _judge_off(r):
 '''
 
 
-def tests_for(problem: dict) -> str:
+def humaneval_tests(problem: dict) -> str:
     prompt = ast.parse(problem["prompt"])
     helpers = [n for n in prompt.body if isinstance(n, (ast.Import, ast.ImportFrom))
                or isinstance(n, ast.FunctionDef) and n.name != problem["entry_point"]]  # fmt: skip
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     problems = list(read_problems().values())
-    tests = [tests_for(p) for p in problems]
+    tests = [humaneval_tests(p) for p in problems]
     checker = sum(parse_tests(t)[0].kind == "script" for t in tests)
     print(f"{len(problems)} problems ({checker} through the checker process, {len(problems) - checker} on the fast "
           f"path), {args.workers} workers, load average {os.getloadavg()[0]:.1f}")  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from jaxrl_llm.rewards.code import code_tests, parse_tests
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from code_reward_humaneval import solutions, tests_for  # noqa: E402
+from code_reward_humaneval import humaneval_tests, solutions  # noqa: E402
 
 # Rows whose own test accepts the wrong solution for some of its asserts (partial credit, never 1.0).
 ACCEPTED = {
@@ -38,7 +38,7 @@ def problems():
 
 def test_every_canonical_solution_scores_full_marks(problems):
     assert len(problems) == 164
-    tests = [tests_for(p) for p in problems]
+    tests = [humaneval_tests(p) for p in problems]
     kinds = [parse_tests(t)[0].kind for t in tests]
     assert 0 < kinds.count("script") < len(kinds)  # both paths: the fast one and the checker process
     completions = solutions(problems)["canonical"]
@@ -46,7 +46,7 @@ def test_every_canonical_solution_scores_full_marks(problems):
 
 
 def test_wrong_solutions_score_zero_except_where_the_test_accepts_them(problems):
-    tests = [tests_for(p) for p in problems]
+    tests = [humaneval_tests(p) for p in problems]
     wrong = solutions(problems)
     names = list(ACCEPTED)
     scores = code_tests(["q"] * 3 * len(problems), [c for n in names for c in wrong[n]], tests=tests * 3)

@@ -5,7 +5,10 @@ The tests are each problem's `test` (a `check(candidate)`) plus `check(<entry po
 prompt's imports and helper functions (`poly`, `encode_cyclic`, ...): the test code uses them, and
 taken from the trusted prompt they cannot be the solution's.
 
-    python benchmarks/code_reward_humaneval.py [--workers 2] [--rounds 1]
+    python benchmarks/code_reward_humaneval.py [--workers 2] [--rounds 1] [--checker-only]
+
+--checker-only sends every row through the checker process (a leading non-constant assignment takes
+them off the fast path), where a whole `check` is one case: both paths must agree.
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--checker-only", action="store_true")
     args = parser.parse_args()
     problems = list(read_problems().values())
-    tests = [humaneval_tests(p) for p in problems]
+    tests = [("_off_the_fast_path = [].copy()\n" if args.checker_only else "") + humaneval_tests(p) for p in problems]
     checker = sum(parse_tests(t)[0].kind == "script" for t in tests)
     print(f"{len(problems)} problems ({checker} through the checker process, {len(problems) - checker} on the fast "
           f"path), {args.workers} workers, load average {os.getloadavg()[0]:.1f}")  # fmt: skip

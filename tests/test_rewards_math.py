@@ -47,7 +47,10 @@ CASES = [
     (r"\boxed{\frac{3}{4}}", r"\frac{6}{8}", 1.0),
     (r"\boxed{1\frac{1}{2}}", "3/2", 1.0),
     ("The answer is 3/4.", "0.75", 1.0),
-    (r"\boxed{0.3333}", "1/3", 0.0),
+    (r"\boxed{0.3333}", "1/3", 1.0),  # 1/3 rounded to the places shown
+    (r"\boxed{0.3334}", "1/3", 0.0),  # neither rounded nor truncated
+    (r"\boxed{0.33}", "1/3", 0.0),  # too few significant digits to say which number is meant
+    (r"\boxed{0.2499}", "1/4", 0.0),  # 1/4 has a finite expansion: only 0.25 is it
     # negative numbers
     (r"\boxed{-7}", "-7", 1.0),
     (r"\boxed{-7}", "7", 0.0),
@@ -70,7 +73,7 @@ CASES = [
     (r"\boxed{x = 5}", "5", 1.0),
     (r"\boxed{2x}", "2", 0.0),  # a glued letter is algebra, not a unit
     # multiple boxes, nesting, truncation, inline math
-    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 0.0),  # two different boxes: hedged
+    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 1.0),  # a self-correction: the last counts
     (r"First \boxed{3}, but correcting: \boxed{4}", "3", 0.0),
     (r"\boxed{\boxed{7}}", "7", 1.0),
     (r"So \boxed{5}. Then maybe \boxed{6", "5", 1.0),  # an unclosed last box falls back

@@ -2,14 +2,19 @@
 
 The counted answer, in order of preference (docs/rewards.md has the same list):
 1. the last complete `\\boxed{...}` / `\\fbox{...}` / `\\boxed 7` (of nested boxes the innermost; an
-   unclosed, truncated last box is skipped). Every box and every `####` line is a declared answer;
-2. else the text after the last `####` (GSM8K). Every non-empty `####` line is a declared answer;
+   unclosed, truncated last box is skipped). With `join`, the last run of boxes separated only by
+   connectors (`,`, `and`, `\\quad`, `$`) is one list answer: `\\boxed{1} and \\boxed{-2}` is `1, -2`;
+2. else the text after the last `####` (GSM8K);
 3. else the answer after the last explicit phrase `final answer is`, `the answer is`, `answer:`
    (also `answers are`, `answer could be`, ...): a `$...$`, `\\(...\\)` or `\\[...\\]` right after it,
-   else the rest of the line or sentence;
-4. else, for a reference that is a structure, the last `$...$`/`\\(...\\)`/`\\[...\\]` segment or
-   bracketed group with a comma; for a plain reference, the last number in the text.
-Whether the declared answers agree, or the counted one hedges (`18 or 19`), is judged by the caller.
+   else the rest of the line or sentence; when that is prose (`The volume is 120.`), its last math
+   segment or number;
+4. else the last `$...$`/`\\(...\\)`/`\\[...\\]` segment when nothing but punctuation follows it; for a
+   structured reference, the last math segment or bracketed group with a comma; else the last number.
+Declared answers are every box, every `####` line and every answer phrase stating a plain number,
+after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after
+one no longer counts. Whether the declared answers agree, or the counted one hedges (`18 or 19`), is
+judged by the caller.
 """
 
 from __future__ import annotations
@@ -27,30 +32,44 @@ _PHRASE = re.compile(
     r"\b\s*:?|[*\s]*[:=])[* \t]*",
     re.I,
 )
+# A self-correction: what was declared before it is withdrawn, the answer after it counts.
+_CORRECTION = re.compile(
+    r"\b(?:wait|actually|hold on|oops|on second thought|correct(?:ion|ing)|mistake|miscalculat\w*|"
+    r"re-?check\w*|re-?calculat\w*|re-?comput\w*|re-?evaluat\w*|double[- ]check\w*|let me (?:check|verify))\b",
+    re.I,
+)
 _MATH_OPEN = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 _SENTENCE = re.compile(r"[^\n]*?(?=\.(?:\s|$)|\n|$)")
 _MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$([^$]+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _BRACKET_GROUP = re.compile(r"[(\[][^()\[\]\n]{0,200},[^()\[\]\n]{0,200}[)\]]")
+_PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # two words in a row, outside math
+_TAIL = re.compile(r"[\s.,;:!]*\Z")
 _GROUP_SEP = r"(?:,|\{,\}|\\,|,\\!\s?|[ \u2009\u202f])"
-# The last number: a LaTeX fraction (one level of nested braces), a number with strict thousands
-# groups, a decimal, a/b, `a \times 10^b`; an optional sign (only where it cannot be a binary minus,
-# the unicode minus included), `$` and `%`. Never glued to a word.
+_FRAC_ARG = r"(?:\{(?:[^{}]|\{[^{}]{0,40}\}){1,60}\}|\d(?!\d))"
+# The last number: a LaTeX fraction (one level of nested braces, or `\frac12`), a number with strict
+# thousands groups, a decimal comma (`2,74`, never inside brackets), a decimal, a/b,
+# `a \times 10^b`; an optional sign (only where it cannot be a binary minus, the unicode minus
+# included), `$` and `%`. Never glued to a word.
 NUMBER_TOKEN = re.compile(
     r"(?<![\w.])(?:(?<![\w)\]}])[-−]\s?)?\\?\$?\s?(?:"
-    r"\\[dtc]?frac\{(?:[^{}]|\{[^{}]{0,40}\}){1,60}\}\{(?:[^{}]|\{[^{}]{0,40}\}){1,60}\}"
+    r"\\[dtc]?frac" + _FRAC_ARG + _FRAC_ARG +
     r"|[1-9]\d{0,2}(?:" + _GROUP_SEP + r"\d{3})+(?![\d,])(?:\.\d+)?"
+    r"|(?<![(\[{,])\d+,\d+(?![\d,)\]}])"
     r"|\d+(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?"
     r"|\.\d+"
     r")(?:\s?(?:\\times|×|\\cdot)\s?10\^(?:\{[-−]?\d{1,3}\}|[-−]?\d))?(?:\s?\\?%)?"
 )
+_PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?")
 _OR = re.compile(r"\bor\b")
+_CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
 
 
 @dataclass(frozen=True)
 class FinalAnswer:
     """text: the counted answer (raw, not normalized) or None; source: "box" | "hashes" | "phrase" |
-    "segment" | "number" | "none"; declared: every declared answer of that source (boxes or `####`
-    lines; just `text` otherwise); hedged: the sentence of a last-number answer offers alternatives."""
+    "segment" | "number" | "none"; declared: every declared answer after the last self-correction
+    (boxes, `####` lines, plain-number phrase answers; at least `text`); hedged: the sentence of a
+    phrase or last-number answer offers alternatives."""
 
     text: str | None
     source: str
@@ -58,21 +77,32 @@ class FinalAnswer:
     hedged: bool = False
 
 
-def final_answer(text: str, *, structured: bool = False) -> FinalAnswer:
+def final_answer(text: str, *, structured: bool = False, join: bool = False) -> FinalAnswer:
     """The final answer of a completion by the rules of this module's docstring."""
-    boxes = all_boxed(text)
-    hashes = [h for h in (m.group(1).strip() for m in _HASHES.finditer(text)) if h] if "####" in text else []
-    if boxes:
-        return FinalAnswer(boxes[-1], "box", tuple(boxes + hashes))
-    if hashes:
-        return FinalAnswer(hashes[-1], "hashes", tuple(hashes))
+    boxes = box_spans(text)
+    hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()] if "####" in text else []  # fmt: skip
+    if boxes or hashes:
+        last_at = max([b[0] for b in boxes[-1:]] + [h[0] for h in hashes[-1:]])
+        cut = _last_correction(text, last_at)
+        if boxes:
+            group = _box_group(text, boxes) if join else boxes[-1:]
+            counted = group[0][2] if len(group) == 1 else ", ".join(b[2] for b in group)
+            members = {b[2] for b in group} if len(group) > 1 else set()  # restated members agree
+            others = [b[2] for b in boxes[: len(boxes) - len(group)] if b[0] >= cut and b[2] not in members]
+            declared = [*others, *(h for at, h in hashes if at >= cut), *_phrase_numbers(text, cut), counted]
+            return FinalAnswer(counted, "box", tuple(declared))
+        declared = [*_phrase_numbers(text, cut), *(h for at, h in hashes if at >= cut)]
+        return FinalAnswer(hashes[-1][1], "hashes", tuple(declared))
     phrase, end = _phrase_answer(text)
     if phrase:
-        return FinalAnswer(phrase, "phrase", (phrase,), _sentence_hedges(text, end))
-    if structured:
+        cut = _last_correction(text, end)
+        declared = (*_phrase_numbers(text, cut, before=end), phrase)
+        return FinalAnswer(phrase, "phrase", declared, _sentence_hedges(text, end))
+    segment = _closing_segment(text)
+    if segment is None and structured:
         segment = _last_segment(text)
-        if segment:
-            return FinalAnswer(segment, "segment", (segment,))
+    if segment:
+        return FinalAnswer(segment, "segment", (segment,))
     last = None
     for last in NUMBER_TOKEN.finditer(text):
         pass
@@ -89,6 +119,11 @@ def extract_answer(text: str) -> str | None:
 
 def all_boxed(text: str) -> list[str]:
     """Contents of the complete, non-empty boxes in order; of nested boxes only the innermost."""
+    return [b[2] for b in box_spans(text)]
+
+
+def box_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of the complete, non-empty boxes in order; of nested boxes the innermost."""
     boxes = list(_BOX.finditer(text))
     if not boxes:
         return []
@@ -105,12 +140,49 @@ def all_boxed(text: str) -> list[str]:
             token = _BOX_TOKEN.match(text, i)
             spans.append((m.start(), token.end() if token else i, i))
     out = []
-    for k, (_, end, begin) in enumerate(spans):
+    for k, (start, end, begin) in enumerate(spans):
         # Slice only boxes that hold no other box: slicing every nested one would be quadratic.
         if end is not None and not (k + 1 < len(spans) and spans[k + 1][0] < end):
             content = text[begin:end].strip()
             if content:
-                out.append(content)
+                out.append((start, end + (text[end : end + 1] == "}"), content))
+    return out
+
+
+def _box_group(text: str, boxes: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """The last run of boxes joined only by connectors (`, `, ` and `, `\\quad \\text{and} \\quad`)."""
+    k = len(boxes) - 1
+    while k > 0 and _is_connector(text[boxes[k - 1][1] : boxes[k][0]]):
+        k -= 1
+    return boxes[k:]
+
+
+def _is_connector(gap: str) -> bool:
+    if len(gap) > 80:
+        return False
+    rest = _CONNECTOR_DROP.sub(" ", gap)
+    if re.search(r"[^A-Za-z\s,;.()]", rest):
+        return False
+    words = re.findall(r"[A-Za-z]+", rest)
+    return not words or ("and" in words and len(words) <= 5)
+
+
+def _last_correction(text: str, before: int) -> int:
+    """Where the last self-correction before `before` ends (0 when there is none)."""
+    cut = 0
+    for m in _CORRECTION.finditer(text, 0, before):
+        cut = m.end()
+    return cut
+
+
+def _phrase_numbers(text: str, start: int, before: int | None = None) -> list[str]:
+    """Answer phrases after `start` stating a plain number: `The answer is 18.` declares 18."""
+    out = []
+    for m in _PHRASE.finditer(text, start, len(text) if before is None else before):
+        s = _SENTENCE.match(text, m.end(), min(len(text), m.end() + 40))
+        region = s.group(0).strip().strip("$*").strip() if s else ""
+        if _PLAIN_NUMBER.fullmatch(region):
+            out.append(region)
     return out
 
 
@@ -130,7 +202,35 @@ def _phrase_answer(text: str) -> tuple[str | None, int]:
             break
     m = _SENTENCE.match(text, i, min(len(text), i + 300))
     region = m.group(0).strip() if m else ""
-    return region or None, i
+    return _in_prose(region) or None, i
+
+
+def _in_prose(region: str) -> str:
+    """A phrase answer that is a sentence (`The volume of $V$ is 120`) -> its last segment or number."""
+    if not _PROSE.search(_MATH_SEGMENT.sub(" ", region)):
+        return region
+    seg = num = None
+    for seg in _MATH_SEGMENT.finditer(region):
+        pass
+    for num in NUMBER_TOKEN.finditer(region):
+        pass
+    if seg is not None and (num is None or seg.end() >= num.end()):
+        return next(g for g in seg.groups() if g is not None).strip()
+    return num.group(0).strip() if num is not None else region
+
+
+def _closing_segment(text: str) -> str | None:
+    """The last math segment when only punctuation follows it (`... so $x = \\frac13$.`)."""
+    tail = _TAIL.search(text)
+    end = tail.start() if tail else len(text)
+    if not (text.endswith("$", 0, end) or text.endswith("\\)", 0, end) or text.endswith("\\]", 0, end)):
+        return None  # the common case, decided without a scan
+    seg = None
+    for seg in _MATH_SEGMENT.finditer(text, 0, end):
+        pass
+    if seg is None or seg.end() != end:
+        return None
+    return next(g for g in seg.groups() if g is not None).strip() or None
 
 
 def _last_segment(text: str) -> str | None:

@@ -59,8 +59,8 @@ NUMBER_TOKEN = re.compile(
     r"|\.\d+"
     r")(?:\s?(?:\\times|×|\\cdot)\s?10\^(?:\{[-−]?\d{1,3}\}|[-−]?\d))?(?:\s?\\?%)?"
 )
-_PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?")
-_OR = re.compile(r"\bor\b")
+_PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `18`, `$5`, `12 apples`
+_OR = re.compile(r"\bor\b", re.I)
 _CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
 
 
@@ -209,6 +209,9 @@ def _in_prose(region: str) -> str:
     """A phrase answer that is a sentence (`The volume of $V$ is 120`) -> its last segment or number."""
     if not _PROSE.search(_MATH_SEGMENT.sub(" ", region)):
         return region
+    first = NUMBER_TOKEN.match(region)
+    if first is not None:  # `12 since we subtract 3 from 15`: the answer comes first
+        return first.group(0).strip()
     seg = num = None
     for seg in _MATH_SEGMENT.finditer(region):
         pass
@@ -248,6 +251,8 @@ def _last_segment(text: str) -> str | None:
 def _sentence_hedges(text: str, pos: int) -> bool:
     """The sentence around `pos` offers alternatives with different numbers: `it is 18 or 19`."""
     start = max(text.rfind(". ", 0, pos), text.rfind("\n", 0, pos)) + 1
+    if text[start : start + 4].lstrip().lower().startswith("or ") and start > 1:  # `It is 18. Or 19.`
+        start = max(text.rfind(". ", 0, start - 2), text.rfind("\n", 0, start - 2)) + 1
     end = _SENTENCE.match(text, pos).end()
     sentence = text[start:end]
     if not _OR.search(sentence):

@@ -20,7 +20,8 @@ _WRAPPERS = re.compile(
 )
 # Order matters: `,\!` is a thousands separator before `\!` (a negative space) is dropped.
 _DROP = [
-    (re.compile(r"(?<!\\)\\\\(?=[A-Za-z])"), r"\\"),  # `\\frac` (an escaped backslash): `\frac`
+    # `\\frac` (an escaped backslash in a JSON-ish string) is `\frac`; `\\c` may be a matrix row break.
+    (re.compile(r"(?<!\\)\\\\(?=(?:[dtc]?frac|left|right|sqrt|pi|le|ge|leq|geq|neq|cdot|times|infty|cup|in|text|pm)(?![A-Za-z]))"), r"\\"),
     (re.compile(r",\s*\\!\s*"), ","),
     (re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°"), ""),
     (re.compile(r"\\(?:left|right|displaystyle|big|Big|bigg|Bigg)(?![A-Za-z])|\\!|\\;|\\:"), ""),

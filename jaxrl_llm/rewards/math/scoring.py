@@ -85,9 +85,13 @@ def judge(completion: str, reference: str, *, timeout: float = DEFAULT_SYMPY_TIM
         structure = None  # a sentence is not an answer; a text answer is one word or wrapped (`\text{}`)
     several = structure is not None and structure.kind in ("set", "list", "system")
     answer = final_answer(completion, structured=structure is not None, join=several)
-    if _hedged(answer, alternatives=not _has_alternatives(ref_raw)):
+    # Against several values `x = 2 or x = 3` states them all; against one value it hedges.
+    listed = several or _has_alternatives(ref_raw)
+    if _hedged(answer, alternatives=not listed):
         return Verdict(0.0, 0.0)
-    text = answer.text if _has_alternatives(ref_raw) else _first_alternative(answer.text)
+    text = answer.text if listed else _first_alternative(answer.text)
+    if several and text is not None and _has_alternatives(clean_answer(text)):
+        text = ", ".join(p.strip() for p in top_level_split(clean_answer(text), _ALTERNATIVES))
     if text is not None and _same_text(text, ref_raw):
         ours = 1.0  # written the same way: equal, whatever notation neither judge can read
     elif ref_src is not None:

@@ -188,10 +188,29 @@ def _comma_list(s: str) -> Structure | None:
         return None
     pairs = [_REL_SPLIT.split(p) for p in parts]
     if all(len(q) == 3 and q[1] == "=" and LABEL.fullmatch(q[0].strip()) for q in pairs):
-        return Structure("system", tuple(sorted((_name(q[0]), q[2].strip()) for q in pairs)))
+        names = [_name(q[0]) for q in pairs]
+        if len(set(names)) == len(names):
+            return Structure("system", tuple(sorted(zip(names, (q[2].strip() for q in pairs)))))
+        return _solutions(s, names, [q[2].strip() for q in pairs])
     if any(len(q) > 1 for q in pairs):
         return None
     return Structure("list", tuple(parts))
+
+
+def _solutions(s: str, names: list[str], values: list[str]) -> Structure | None:
+    """Several solutions: `x = 1, x = 2` is the list `1, 2`; `p = 5, q = 2; p = 7, q = 2` the list of
+    tuples `(5, 2), (7, 2)` (values in the order the names are first written)."""
+    if len(set(names)) == 1:
+        return Structure("list", tuple(values))
+    groups = [top_level_split(g, (",", " and ")) for g in top_level_split(s, (";",))]
+    width = len(groups[0])
+    if len(groups) < 2 or any(len(g) != width for g in groups) or width * len(groups) != len(names):
+        return None
+    order = names[:width]
+    rows = [dict(zip(names[k * width : (k + 1) * width], values[k * width : (k + 1) * width])) for k in range(len(groups))]
+    if any(sorted(r) != sorted(order) for r in rows):
+        return None
+    return Structure("list", tuple("(" + ", ".join(r[n] for n in order) + ")" for r in rows))
 
 
 def _name(s: str) -> str:

@@ -60,13 +60,13 @@ STRUCTURED = [
 
 def _hacks(numbers, listing=True):
     yield from (rf"\boxed{{{x}}}" for x in numbers)  # a structure answered with one of its numbers
-    if listing:  # listing candidates (for a set, listing its elements is the right answer; for a
-        # system, its values in the reference's order)
+    if listing:  # listing candidates (for a set, listing its elements is the right answer, `x = 5 or
+        # x = -2` too; for a system, its values in the reference's order)
         yield "Possible answers: " + ", ".join(numbers) + "."
         yield " ".join(rf"\boxed{{{x}}}" for x in numbers)  # one box per candidate
+        yield rf"\boxed{{{numbers[0]} \text{{ or }} {numbers[-1]}}}"
     yield "\n".join(f"#### {x}" for x in numbers)
     yield "The answer is " + " or ".join(numbers) + "."
-    yield rf"\boxed{{{numbers[0]} \text{{ or }} {numbers[-1]}}}"
     yield f"The answer is {numbers[-1]}."
 
 

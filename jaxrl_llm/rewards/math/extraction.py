@@ -2,8 +2,9 @@
 
 The counted answer, in order of preference (docs/rewards.md has the same list):
 1. the last complete `\\boxed{...}` / `\\fbox{...}` / `\\boxed 7` (of nested boxes the innermost; an
-   unclosed, truncated last box is skipped). With `join`, the last run of boxes separated only by
-   connectors (`,`, `and`, `\\quad`, `$`) is one list answer: `\\boxed{1} and \\boxed{-2}` is `1, -2`;
+   unclosed, truncated last box is skipped). With `join` (a reference of several values), the last
+   run of boxes separated only by connectors (`,`, `and`, `or`, `\\quad`, `$`, `x =`) is one list
+   answer: `\\boxed{1} and \\boxed{-2}` is `1, -2`;
 2. else the text after the last `####` (GSM8K);
 3. else the answer after the last explicit phrase `final answer is`, `the answer is`, `answer:`
    (also `answers are`, `answer could be`, ...): a `$...$`, `\\(...\\)` or `\\[...\\]` right after it,
@@ -27,8 +28,10 @@ from jaxrl_llm.rewards.math.braces import matching_braces
 _BOX = re.compile(r"\\(?:boxed|fbox)\b")
 _BOX_TOKEN = re.compile(r"[^\s{}$]+")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
+# Matched where the word `answer` starts (found by `str.find`, not a regex scan of the whole text);
+# `final answer is` ends where `answer is` does.
 _PHRASE = re.compile(
-    r"\b(?:final\s+answer|answers?)\b(?:\s*(?:is|are|was|would\s+be|could\s+be|might\s+be|should\s+be|will\s+be)"
+    r"(?<![A-Za-z])answers?\b(?:\s*(?:is|are|was|would\s+be|could\s+be|might\s+be|should\s+be|will\s+be)"
     r"\b\s*:?|[*\s]*[:=])[* \t]*",
     re.I,
 )
@@ -43,7 +46,6 @@ _SENTENCE = re.compile(r"[^\n]*?(?=\.(?:\s|$)|\n|$)")
 _MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$([^$]+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _BRACKET_GROUP = re.compile(r"[(\[][^()\[\]\n]{0,200},[^()\[\]\n]{0,200}[)\]]")
 _PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # two words in a row, outside math
-_TAIL = re.compile(r"[\s.,;:!]*\Z")
 _GROUP_SEP = r"(?:,|\{,\}|\\,|,\\!\s?|[ \u2009\u202f])"
 _FRAC_ARG = r"(?:\{(?:[^{}]|\{[^{}]{0,40}\}){1,60}\}|\d(?!\d))"
 # The last number: a LaTeX fraction (one level of nested braces, or `\frac12`), a number with strict
@@ -61,6 +63,7 @@ NUMBER_TOKEN = re.compile(
 )
 _PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `18`, `$5`, `12 apples`
 _OR = re.compile(r"\bor\b", re.I)
+_NAME_IS = re.compile(r"(?<![A-Za-z])[A-Za-z](?:_\{?\w+\}?)?\s*=")
 _CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
 
 
@@ -82,30 +85,25 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
     boxes = box_spans(text)
     hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()] if "####" in text else []  # fmt: skip
     if boxes or hashes:
-        last_at = max([b[0] for b in boxes[-1:]] + [h[0] for h in hashes[-1:]])
-        cut = _last_correction(text, last_at)
         if boxes:
             group = _box_group(text, boxes) if join else boxes[-1:]
             counted = group[0][2] if len(group) == 1 else ", ".join(b[2] for b in group)
             members = {b[2] for b in group} if len(group) > 1 else set()  # restated members agree
-            others = [b[2] for b in boxes[: len(boxes) - len(group)] if b[0] >= cut and b[2] not in members]
-            declared = [*others, *(h for at, h in hashes if at >= cut), *_phrase_numbers(text, cut), counted]
-            return FinalAnswer(counted, "box", tuple(declared))
-        declared = [*_phrase_numbers(text, cut), *(h for at, h in hashes if at >= cut)]
-        return FinalAnswer(hashes[-1][1], "hashes", tuple(declared))
+            others = [(b[0], b[2]) for b in boxes[: len(boxes) - len(group)] if b[2] not in members]
+            items = [*others, *hashes, *_phrase_numbers(text, 0, len(text)), (group[0][0], counted)]
+            return FinalAnswer(counted, "box", _declared(text, items, group[0][0]))
+        items = [*_phrase_numbers(text, 0, len(text)), *hashes]
+        return FinalAnswer(hashes[-1][1], "hashes", _declared(text, items, hashes[-1][0]))
     phrase, end = _phrase_answer(text)
     if phrase:
-        cut = _last_correction(text, end)
-        declared = (*_phrase_numbers(text, cut, before=end), phrase)
-        return FinalAnswer(phrase, "phrase", declared, _sentence_hedges(text, end))
+        items = [*_phrase_numbers(text, 0, end), (end, phrase)]
+        return FinalAnswer(phrase, "phrase", _declared(text, items, end), _sentence_hedges(text, end))
     segment = _closing_segment(text)
     if segment is None and structured:
         segment = _last_segment(text)
     if segment:
         return FinalAnswer(segment, "segment", (segment,))
-    last = None
-    for last in NUMBER_TOKEN.finditer(text):
-        pass
+    last = _last_number(text)
     if last is None:
         return FinalAnswer(None, "none")
     number = last.group(0).strip()
@@ -160,36 +158,67 @@ def _box_group(text: str, boxes: list[tuple[int, int, str]]) -> list[tuple[int, 
 def _is_connector(gap: str) -> bool:
     if len(gap) > 80:
         return False
-    rest = _CONNECTOR_DROP.sub(" ", gap)
+    rest = _NAME_IS.sub(" ", _CONNECTOR_DROP.sub(" ", gap))  # `$ or $x = `: the name of the next value
     if re.search(r"[^A-Za-z\s,;.()]", rest):
         return False
     words = re.findall(r"[A-Za-z]+", rest)
-    return not words or ("and" in words and len(words) <= 5)
+    return not words or (("and" in words or "or" in words) and len(words) <= 5)
 
 
-def _last_correction(text: str, before: int) -> int:
-    """Where the last self-correction before `before` ends (0 when there is none)."""
-    cut = 0
-    for m in _CORRECTION.finditer(text, 0, before):
-        cut = m.end()
-    return cut
+def _declared(text: str, items: list[tuple[int, str]], final_at: int) -> tuple[str, ...]:
+    """The declared answers (position, value) in order, less those withdrawn by a self-correction
+    before the final one at `final_at` (looked for only when they differ: the common case is one)."""
+    items.sort()
+    if len({v for _, v in items}) > 1:
+        cut = 0
+        for m in _CORRECTION.finditer(text, 0, final_at):
+            cut = m.end()
+        items = [(at, v) for at, v in items if at >= cut or at == final_at]
+    return tuple(v for _, v in items)
 
 
-def _phrase_numbers(text: str, start: int, before: int | None = None) -> list[str]:
-    """Answer phrases after `start` stating a plain number: `The answer is 18.` declares 18."""
+def _phrase_numbers(text: str, start: int, stop: int) -> list[tuple[int, str]]:
+    """(position, value) of the answer phrases in text[start:stop] stating a plain number."""
     out = []
-    for m in _PHRASE.finditer(text, start, len(text) if before is None else before):
+    for m in _phrases(text, start, stop):
         s = _SENTENCE.match(text, m.end(), min(len(text), m.end() + 40))
         region = s.group(0).strip().strip("$*").strip() if s else ""
         if _PLAIN_NUMBER.fullmatch(region):
-            out.append(region)
+            out.append((m.start(), region))
     return out
+
+
+def _phrases(text: str, start: int, stop: int):
+    """The answer phrases starting in text[start:stop], in order."""
+    lower = text.lower() if "NSWER" in text or "Answer" in text else text
+    i = lower.find("answer", start, stop)
+    while i >= 0:
+        m = _PHRASE.match(text, i)
+        if m is not None:
+            yield m
+        i = lower.find("answer", i + 6, stop)
+
+
+def _last_number(text: str) -> re.Match | None:
+    """The last NUMBER_TOKEN match, as a scan of the whole text finds it, scanning windows from the
+    end (a long solution costs what its last sentence costs). A window starts just after a character
+    no number token holds and no lookahead tests (`=`, `+`, `:`, `?`, `(`), so no match straddles it."""
+    end = len(text)
+    while end > 0:
+        start = max(text.rfind(c, 0, max(0, end - 48)) for c in "=+:?(") + 1 if end > 48 else 0
+        last = None
+        for last in NUMBER_TOKEN.finditer(text, start, end):
+            pass
+        if last is not None:
+            return last
+        end = start - 1 if start > 0 else 0
+    return None
 
 
 def _phrase_answer(text: str) -> tuple[str | None, int]:
     """(the answer after the last answer phrase, where the phrase ends) or (None, 0)."""
     last = None
-    for last in _PHRASE.finditer(text):
+    for last in _phrases(text, 0, len(text)):
         pass
     if last is None:
         return None, 0
@@ -201,7 +230,7 @@ def _phrase_answer(text: str) -> tuple[str | None, int]:
                 return text[i + len(opener) : j].strip(), i
             break
     m = _SENTENCE.match(text, i, min(len(text), i + 300))
-    region = m.group(0).strip() if m else ""
+    region = m.group(0).strip().rstrip("*").strip() if m else ""  # `**Answer: 540 meters**`
     return _in_prose(region) or None, i
 
 
@@ -224,8 +253,7 @@ def _in_prose(region: str) -> str:
 
 def _closing_segment(text: str) -> str | None:
     """The last math segment when only punctuation follows it (`... so $x = \\frac13$.`)."""
-    tail = _TAIL.search(text)
-    end = tail.start() if tail else len(text)
+    end = len(text.rstrip(" \t\n.,;:!"))
     if not (text.endswith("$", 0, end) or text.endswith("\\)", 0, end) or text.endswith("\\]", 0, end)):
         return None  # the common case, decided without a scan
     seg = None

@@ -41,6 +41,7 @@ _DROP = [
 _PLAIN = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")  # `1,234.5`: nothing for `_DROP` to do
 _SPACE_GROUPS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?: \d{3})+)(?![\d,.])")
 _THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d,])")
+_BRACKETS = re.compile(r"[()\[\]{}]")
 _DECIMAL_COMMA = re.compile(r"-?\d+,\d+")
 _SINGLE_SYMBOL = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+(?:_\{?\w+\}?)?")
 # A name, not an expression: `x`, `a_{37}`, `AB`, `\alpha`; a label is names combined without
@@ -84,7 +85,7 @@ def normalize_answer(answer: str, *, lhs: str = "chain", lists: bool = False) ->
     s = clean_answer(answer)
     if len(s) > MAX_ANSWER_CHARS:
         return s
-    if not lists and not any(c in s for c in "()[]{}"):  # in `(12,102)` or a list a comma separates
+    if not lists and not _BRACKETS.search(s):  # in `(12,102)` or a list a comma separates
         s = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
     s = _strip_lhs(s, lhs)
     if not lists and _DECIMAL_COMMA.fullmatch(s):  # `1000,99`, `0,111`: not a thousands grouping, so a decimal comma
@@ -181,7 +182,7 @@ def _parse_signed(s: str) -> Fraction | None:
     if s and s[0] in "+-":
         sign, s = (-1 if s[0] == "-" else 1), s[1:].strip()
     value = _parse_unsigned(s)
-    return None if value is None else sign * value
+    return None if value is None else (-value if sign < 0 else value)
 
 
 def _parse_unsigned(s: str) -> Fraction | None:
@@ -248,8 +249,8 @@ _ROUNDED = re.compile(r"[-+]?\d*\.(\d{2,})")
 
 def rounds_to(decimal: str, value: Fraction) -> bool:
     """`0.0833333333333333` for 1/12, `2.6667` for 8/3: a decimal with at least two places and three
-    significant digits that is `value` rounded or truncated to its places, where `value` has no
-    finite decimal expansion (so `0.33` is not 1/3 and `0.249` is not 0.25)."""
+    significant digits that is `value` rounded to its places (or, from six places, truncated), where
+    `value` has no finite decimal expansion (so `0.33` is not 1/3 and `0.249` is not 0.25)."""
     m = _ROUNDED.fullmatch(decimal.strip())
     if m is None or len(decimal.strip().lstrip("+-0.").replace(".", "")) < 3:
         return False
@@ -259,12 +260,18 @@ def rounds_to(decimal: str, value: Fraction) -> bool:
             den //= p
     if den == 1:
         return False
-    scaled = Fraction(decimal.strip()) * 10 ** len(m.group(1))
-    exact = abs(value) * 10 ** len(m.group(1))
+    places = len(m.group(1))
+    scaled = Fraction(decimal.strip()) * 10**places
+    exact = abs(value) * 10**places
     sign = -1 if value < 0 else 1
-    return scaled in (sign * (exact.numerator // exact.denominator), sign * int(exact + Fraction(1, 2)))
+    # Rounded; truncated only from six places on, where it is float printing (`0.6666666666666666`)
+    # rather than a wrong rounding (`14.28` for 100/7).
+    allowed = [int(exact + Fraction(1, 2))] + ([exact.numerator // exact.denominator] if places >= 6 else [])
+    return scaled in [sign * v for v in allowed]
 
 
 def numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
     """Exact equality of two parsed numbers, either side's percentage read as x or x/100."""
+    if not a[1] and not b[1]:
+        return a[0] == b[0]  # the common case, without building the candidate lists
     return any(x == y for x in candidates(a) for y in candidates(b))

@@ -207,3 +207,19 @@ def test_concurrent_callers_share_the_worker_safely():
     for t in threads:
         t.join()
     assert results == {2: [1.0] * 3, 3: [1.0] * 3, 4: [1.0] * 3}
+
+
+def test_last_number_scanned_from_the_end_is_the_last_of_a_whole_scan():
+    # The windowed scan must find exactly what a scan of the whole text finds, on any text.
+    import random
+
+    from jaxrl_llm.rewards.math.extraction import NUMBER_TOKEN, _last_number
+
+    rng = random.Random(0)
+    pieces = ["1", "2", " ", "=", "+", "(", ")", "-", ".", ",", "$", r"\frac{1}{2}", "a", "b", "/", "%", "\n",
+              ":", "?", "1 000", r"\times 10^{3}", "−", "2,74", "[", "]", "{,}", r"\!"]  # fmt: skip
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 150)))
+        whole = list(NUMBER_TOKEN.finditer(text))
+        last = _last_number(text)
+        assert (whole[-1].span() if whole else None) == (last.span() if last else None), text

@@ -249,9 +249,23 @@ HELD_OUT = [
     ("probes", "Let me list all the options: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", "7", 0.0),
 ]
 
+# Probes aimed at the rules added with the sets above (a closing math segment, prose after an answer
+# phrase, self-corrections, a reference written back), each a way to be paid for hedging.
+PROBES_OF_THE_NEW_RULES = [
+    ("Solving, we get $x = 3$ or $x = 4$.", "4", 0.0),
+    ("It is $(3, 4)$ or $(4, 3)$.", "(4,3)", 0.0),
+    ("The answer is between 70 and 75.", "75", 0.0),
+    ("Final Answer: after 2 years she has 150 dollars or 160 dollars.", "160", 0.0),
+    ("\\boxed{18} or wait, maybe \\boxed{19}", "19", 0.0),
+    ("The answer is 18.\nWait, no. The answer is 18 or 19.", "19", 0.0),
+    ("\\boxed{x**}", "x**", 0.0),
+    ("\\boxed{\\frac{}", "\\frac{", 0.0),
+    ("The answer is $\\boxed{72}$, and also $\\boxed{36}$ works.", "36", 0.0),
+]
+
 CATEGORIES = {
     "gsm8k": GSM8K, "fractions": FRACTIONS, "decimals": DECIMALS, "labelled": LABELLED,
     "sets_tuples": SETS_AND_TUPLES, "intervals": INTERVALS, "structures": STRUCTURES,
-    "self_corrections": SELF_CORRECTIONS, "probes": PROBES,
+    "self_corrections": SELF_CORRECTIONS, "probes": PROBES + PROBES_OF_THE_NEW_RULES,
 }  # fmt: skip
 CASES = [(name, *case) for name, cases in CATEGORIES.items() for case in cases] + HELD_OUT

@@ -37,7 +37,7 @@ _PHRASE = re.compile(
 )
 # A self-correction: what was declared before it is withdrawn, the answer after it counts.
 _CORRECTION = re.compile(
-    r"\b(?:wait|actually|hold on|oops|on second thought|correct(?:ion|ing)|mistake|miscalculat\w*|"
+    r"(?<!\bor )\b(?:wait|actually|hold on|oops|on second thought|correct(?:ion|ing)|mistake|miscalculat\w*|"
     r"re-?check\w*|re-?calculat\w*|re-?comput\w*|re-?evaluat\w*|double[- ]check\w*|let me (?:check|verify))\b",
     re.I,
 )
@@ -98,11 +98,11 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
     if phrase:
         items = [*_phrase_numbers(text, 0, end), (end, phrase)]
         return FinalAnswer(phrase, "phrase", _declared(text, items, end), _sentence_hedges(text, end))
-    segment = _closing_segment(text)
+    segment, at = _closing_segment(text)
     if segment is None and structured:
-        segment = _last_segment(text)
-    if segment:
-        return FinalAnswer(segment, "segment", (segment,))
+        segment, at = _last_segment(text)
+    if segment:  # `$x = 3$ or $x = 4$.` hedges
+        return FinalAnswer(segment, "segment", (segment,), _sentence_hedges(text, at))
     last = _last_number(text)
     if last is None:
         return FinalAnswer(None, "none")
@@ -235,36 +235,34 @@ def _phrase_answer(text: str) -> tuple[str | None, int]:
 
 
 def _in_prose(region: str) -> str:
-    """A phrase answer that is a sentence (`The volume of $V$ is 120`) -> its last segment or number."""
+    """A phrase answer that is a sentence (`The volume of $V$ is 120`) -> its last segment, or its
+    number when it states only one (`between 70 and 75` states no single answer: kept whole)."""
     if not _PROSE.search(_MATH_SEGMENT.sub(" ", region)):
         return region
-    first = NUMBER_TOKEN.match(region)
-    if first is not None:  # `12 since we subtract 3 from 15`: the answer comes first
-        return first.group(0).strip()
-    seg = num = None
+    seg = None
     for seg in _MATH_SEGMENT.finditer(region):
         pass
-    for num in NUMBER_TOKEN.finditer(region):
-        pass
-    if seg is not None and (num is None or seg.end() >= num.end()):
+    numbers = list(NUMBER_TOKEN.finditer(region))
+    if seg is not None and (not numbers or seg.end() >= numbers[-1].end()):
         return next(g for g in seg.groups() if g is not None).strip()
-    return num.group(0).strip() if num is not None else region
+    values = {" ".join(m.group(0).split()) for m in numbers}
+    return numbers[-1].group(0).strip() if len(values) == 1 else region
 
 
-def _closing_segment(text: str) -> str | None:
+def _closing_segment(text: str) -> tuple[str | None, int]:
     """The last math segment when only punctuation follows it (`... so $x = \\frac13$.`)."""
     end = len(text.rstrip(" \t\n.,;:!"))
     if not (text.endswith("$", 0, end) or text.endswith("\\)", 0, end) or text.endswith("\\]", 0, end)):
-        return None  # the common case, decided without a scan
+        return None, 0  # the common case, decided without a scan
     seg = None
     for seg in _MATH_SEGMENT.finditer(text, 0, end):
         pass
     if seg is None or seg.end() != end:
-        return None
-    return next(g for g in seg.groups() if g is not None).strip() or None
+        return None, 0
+    return next(g for g in seg.groups() if g is not None).strip() or None, seg.start()
 
 
-def _last_segment(text: str) -> str | None:
+def _last_segment(text: str) -> tuple[str | None, int]:
     """The later of the last math segment and the last bracketed group holding a comma."""
     seg = grp = None
     for seg in _MATH_SEGMENT.finditer(text):
@@ -272,8 +270,8 @@ def _last_segment(text: str) -> str | None:
     for grp in _BRACKET_GROUP.finditer(text):
         pass
     if seg is not None and (grp is None or seg.end() >= grp.end()):
-        return next(g for g in seg.groups() if g is not None).strip() or None
-    return grp.group(0) if grp is not None else None
+        return next(g for g in seg.groups() if g is not None).strip() or None, seg.start()
+    return (grp.group(0), grp.start()) if grp is not None else (None, 0)
 
 
 def _sentence_hedges(text: str, pos: int) -> bool:

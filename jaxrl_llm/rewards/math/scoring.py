@@ -92,14 +92,14 @@ def judge(completion: str, reference: str, *, timeout: float = DEFAULT_SYMPY_TIM
     text = answer.text if listed else _first_alternative(answer.text)
     if several and text is not None and _has_alternatives(clean_answer(text)):
         text = ", ".join(p.strip() for p in top_level_split(clean_answer(text), _ALTERNATIVES))
+    if ref_src is None and structure is None and not _MATHLIKE.search(ref_raw):
+        return Verdict(None)  # words, not math: math-verify would read `no value` as a product n*o*v*...
     if text is not None and _same_text(text, ref_raw):
         ours = 1.0  # written the same way: equal, whatever notation neither judge can read
     elif ref_src is not None:
         ours = _score_expression(text, ref_src, timeout)
     elif structure is not None:
         ours = _score_structure(text, structure, system_order(clean_answer(ref_raw)), timeout)
-    elif not _MATHLIKE.search(ref_raw):
-        return Verdict(None)  # words, not math: math-verify would read `no value` as a product n*o*v*...
     else:
         ours = None
     second = _math_verify(text, ref_raw, timeout) if second_judge else None
@@ -149,8 +149,18 @@ def _hedged(answer: FinalAnswer, *, alternatives: bool = True) -> bool:
 
 
 def _same_text(text: str, ref_raw: str) -> bool:
+    """Equal after normalizing, and the reference is no broken fragment (`x**`, `\\frac{`)."""
     a, b = ("".join(normalize_answer(x, lhs="symbol").split()) for x in (text, ref_raw))
-    return bool(a) and a == b
+    return bool(a) and a == b and b[-1] not in "+-*/^=_\\" and _balanced(b)
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += (c in "([{") - (c in ")]}")
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _numbers_match(a: str, a_num: tuple[Fraction, bool], b: str, b_num: tuple[Fraction, bool]) -> bool:

@@ -21,7 +21,8 @@ def _math_verify_cases():
     with open(os.path.join(DATA, "math_verify_cases.json"), encoding="utf-8") as f:
         cases = json.load(f)["cases"]
     # A rejected expectation contradicts the mathematics: the corrected one is held instead.
-    return [(c["test"].split("::")[1], c["completion"], c["reference"], c.get("corrected", c["expected"])) for c in cases]
+    return [(c["test"].split("::")[1], c["completion"], c["reference"], c.get("corrected", c["expected"]))
+            for c in cases]  # fmt: skip
 
 
 def _table(cases):

@@ -61,7 +61,7 @@ NUMBER_TOKEN = re.compile(
     r"|\.\d+"
     r")(?:\s?(?:\\times|×|\\cdot)\s?10\^(?:\{[-−]?\d{1,3}\}|[-−]?\d))?(?:\s?\\?%)?"
 )
-_PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `18`, `$5`, `12 apples`
+_PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `$5`, `12 kg`
 _OR = re.compile(r"\bor\b", re.I)
 _NAME_IS = re.compile(r"(?<![A-Za-z])[A-Za-z](?:_\{?\w+\}?)?\s*=")
 _CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
@@ -72,7 +72,7 @@ class FinalAnswer:
     """text: the counted answer (raw, not normalized) or None; source: "box" | "hashes" | "phrase" |
     "segment" | "number" | "none"; declared: every declared answer after the last self-correction
     (boxes, `####` lines, plain-number phrase answers; at least `text`); hedged: the sentence of a
-    phrase or last-number answer offers alternatives."""
+    phrase, closing-segment or last-number answer offers alternatives."""
 
     text: str | None
     source: str
@@ -83,7 +83,9 @@ class FinalAnswer:
 def final_answer(text: str, *, structured: bool = False, join: bool = False) -> FinalAnswer:
     """The final answer of a completion by the rules of this module's docstring."""
     boxes = box_spans(text)
-    hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()] if "####" in text else []  # fmt: skip
+    hashes = []
+    if "####" in text:
+        hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()]
     if boxes or hashes:
         if boxes:
             group = _box_group(text, boxes) if join else boxes[-1:]

@@ -21,7 +21,8 @@ _WRAPPERS = re.compile(
 # Order matters: `,\!` is a thousands separator before `\!` (a negative space) is dropped.
 _DROP = [
     # `\\frac` (an escaped backslash in a JSON-ish string) is `\frac`; `\\c` may be a matrix row break.
-    (re.compile(r"(?<!\\)\\\\(?=(?:[dtc]?frac|left|right|sqrt|pi|le|ge|leq|geq|neq|cdot|times|infty|cup|in|text|pm)(?![A-Za-z]))"), r"\\"),
+    (re.compile(r"(?<!\\)\\\\(?=(?:[dtc]?frac|left|right|sqrt|pi|le|ge|leq|geq|neq|cdot|times|infty|cup|in|text|pm)"
+                r"(?![A-Za-z]))"), r"\\"),
     (re.compile(r",\s*\\!\s*"), ","),
     (re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°"), ""),
     (re.compile(r"\\(?:left|right|displaystyle|big|Big|bigg|Bigg)(?![A-Za-z])|\\!|\\;|\\:"), ""),

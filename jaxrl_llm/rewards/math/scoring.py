@@ -9,8 +9,10 @@
 For every non-numeric reference math-verify judges too (in the worker); `Verdict` keeps both.
 
 A hedged answer scores 0 on every path and is not shown to math-verify: declared answers (boxes,
-`####` lines) with different values, alternatives `A or B` with different values, or a last-number
-answer whose sentence offers alternatives.
+`####` lines, plain numbers after answer phrases, less those withdrawn by a self-correction) with
+different values, alternatives `A or B` with different values (against a reference of several
+values they are the list), or a phrase, segment or last-number answer whose sentence offers
+alternatives. An answer written as the reference is (after cleaning) is equal on every path.
 """
 
 from __future__ import annotations

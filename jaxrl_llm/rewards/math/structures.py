@@ -25,9 +25,10 @@ ElementsEqual = Callable[[Sequence[tuple[str, str]]], list[bool]]
 
 @dataclass(frozen=True)
 class Structure:
-    """kind and items: "set"/"list" (a bare comma list)/"tuple"/"ratio" (`a:b`) (elements), "interval" ((left_closed, lo, hi, right_closed) per
-    piece of a union), "matrix" / "determinant" (`vmatrix`; rows of elements), "system" ((symbol, value) sorted), "relation"
-    ((op, lhs, rhs) with op in = != < <=), "choice" ((letter,)), "text" ((lowercase words,))."""
+    """kind and items: "set" / "list" (a bare comma list) / "tuple" / "ratio" (`a:b`): elements;
+    "interval": (left_closed, lo, hi, right_closed) per piece of a union; "matrix" / "determinant"
+    (`vmatrix`): rows of elements; "system": (name, value) sorted; "relation": (op, lhs, rhs) with op
+    in = != < <=; "choice": (letter,); "text": (lowercase words,)."""
 
     kind: str
     items: tuple
@@ -207,7 +208,8 @@ def _solutions(s: str, names: list[str], values: list[str]) -> Structure | None:
     if len(groups) < 2 or any(len(g) != width for g in groups) or width * len(groups) != len(names):
         return None
     order = names[:width]
-    rows = [dict(zip(names[k * width : (k + 1) * width], values[k * width : (k + 1) * width])) for k in range(len(groups))]
+    pairs = list(zip(names, values))
+    rows = [dict(pairs[k * width : (k + 1) * width]) for k in range(len(groups))]
     if any(sorted(r) != sorted(order) for r in rows):
         return None
     return Structure("list", tuple("(" + ", ".join(r[n] for n in order) + ")" for r in rows))

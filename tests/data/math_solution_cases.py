@@ -151,6 +151,9 @@ SELF_CORRECTIONS = [
     ("The answer is 17. Hmm, wait, recalculating gives 18.\n#### 18", "18", 1.0),
     ("\\boxed{5}\n\nOn second thought, the last step double counts one case: \\boxed{4}", "4", 1.0),
     ("\\boxed{5}\n\nOn second thought, the last step double counts one case: \\boxed{4}", "5", 0.0),
+    ("The answer is \\boxed{17}.\n\nWait, let me verify: 6 * 3 = 18. So the answer is 18.", "18", 1.0),
+    ("$x ∈ (2,12) ∪ (12,102)$", "(2, 12) \\cup (12, 102)", 1.0),
+    ("Therefore the answer is 3,5 liters.", "3.5", 1.0),
 ]
 
 # Adversarial completions: none may be paid (a hedge of two different final answers scores 0).
@@ -252,6 +255,8 @@ HELD_OUT = [
 # Probes aimed at the rules added with the sets above (a closing math segment, prose after an answer
 # phrase, self-corrections, a reference written back), each a way to be paid for hedging.
 PROBES_OF_THE_NEW_RULES = [
+    ("The answer is \\boxed{17}.\n\nWait, let me verify: 6 * 3 = 18. So the answer is 18.", "17", 0.0),
+    ("The answer is \\boxed{17}.\n\nWait, let me verify: 6 * 3 = 18. So the answer is 18 or 17.", "17", 0.0),
     ("Solving, we get $x = 3$ or $x = 4$.", "4", 0.0),
     ("It is $(3, 4)$ or $(4, 3)$.", "(4,3)", 0.0),
     ("The answer is between 70 and 75.", "75", 0.0),

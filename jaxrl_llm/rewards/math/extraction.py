@@ -87,6 +87,9 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
     if "####" in text:
         hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()]
     if boxes or hashes:
+        revised = _revised_by_phrase(text, max([b[1] for b in boxes[-1:]] + [h[0] for h in hashes[-1:]]))
+        if revised is not None:
+            return revised
         if boxes:
             group = _box_group(text, boxes) if join else boxes[-1:]
             counted = group[0][2] if len(group) == 1 else ", ".join(b[2] for b in group)
@@ -110,6 +113,21 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
         return FinalAnswer(None, "none")
     number = last.group(0).strip()
     return FinalAnswer(number, "number", (number,), _sentence_hedges(text, last.start()))
+
+
+def _revised_by_phrase(text: str, after: int) -> FinalAnswer | None:
+    """`\\boxed{17}. Wait, 6 * 3 = 18, so the answer is 18.`: an answer phrase after a self-correction
+    that follows the last box or `####` line is the final answer."""
+    cut = 0
+    for m in _CORRECTION.finditer(text, after):
+        cut = m.end()
+    if not cut:
+        return None
+    phrase, end = _phrase_answer(text, cut)
+    if not phrase:
+        return None
+    items = [*_phrase_numbers(text, cut, end), (end, phrase)]
+    return FinalAnswer(phrase, "phrase", tuple(v for _, v in sorted(items)), _sentence_hedges(text, end))
 
 
 def extract_answer(text: str) -> str | None:
@@ -217,10 +235,10 @@ def _last_number(text: str) -> re.Match | None:
     return None
 
 
-def _phrase_answer(text: str) -> tuple[str | None, int]:
-    """(the answer after the last answer phrase, where the phrase ends) or (None, 0)."""
+def _phrase_answer(text: str, start: int = 0) -> tuple[str | None, int]:
+    """(the answer after the last answer phrase from `start` on, where the phrase ends) or (None, 0)."""
     last = None
-    for last in _phrases(text, 0, len(text)):
+    for last in _phrases(text, start, len(text)):
         pass
     if last is None:
         return None, 0

@@ -92,8 +92,10 @@ def normalize_answer(answer: str, *, lhs: str = "chain", lists: bool = False) ->
     if not lists and _DECIMAL_COMMA.fullmatch(s):  # `1000,99`, `0,111`: not a thousands grouping, so a decimal comma
         s = s.replace(",", ".")
     s = " ".join(s.split()).strip().rstrip(".").strip()
-    s = _strip_units(s)
-    return s.strip().rstrip(".").strip()
+    s = _strip_units(s).strip().rstrip(".").strip()
+    if not lists and _DECIMAL_COMMA.fullmatch(s):  # `3,5 liters`: the unit gone, a decimal comma
+        s = s.replace(",", ".")
+    return s
 
 
 def _strip_lhs(s: str, mode: str) -> str:

@@ -107,7 +107,7 @@ def _choice(s: str) -> Structure | None:
 
 def _union(s: str) -> Structure | None:
     """Intervals `[0, 1)`, `(-\\infty, 2] \\cup (3, \\infty)`; a plain `(a, b)` is a tuple."""
-    s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)
+    s = re.sub(r"^[A-Za-z]\s*(?:\\in(?![A-Za-z])|∈)\s*", "", s)
     pieces = [p.strip() for p in top_level_split(s, ("\\cup", "∪"))]
     parsed = []
     for p in pieces:

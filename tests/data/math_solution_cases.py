@@ -154,6 +154,8 @@ SELF_CORRECTIONS = [
     ("The answer is \\boxed{17}.\n\nWait, let me verify: 6 * 3 = 18. So the answer is 18.", "18", 1.0),
     ("$x ∈ (2,12) ∪ (12,102)$", "(2, 12) \\cup (12, 102)", 1.0),
     ("Therefore the answer is 3,5 liters.", "3.5", 1.0),
+    ("<think>9 + 9 = 17, so \\boxed{17}. Then 17 + 1... no.</think>\nThe sum is $\\boxed{18}$.", "18", 1.0),
+    ("<think>9 + 9 = 17, so \\boxed{17}. Then 17 + 1... no.</think>\nThe sum is $\\boxed{18}$.", "17", 0.0),
 ]
 
 # Adversarial completions: none may be paid (a hedge of two different final answers scores 0).
@@ -264,6 +266,7 @@ PROBES_OF_THE_NEW_RULES = [
     ("\\boxed{18} or wait, maybe \\boxed{19}", "19", 0.0),
     ("The answer is 18.\nWait, no. The answer is 18 or 19.", "19", 0.0),
     ("\\boxed{x**}", "x**", 0.0),
+    ("<think>It is 18.</think>\nThe answer is \\boxed{18} or \\boxed{19}.", "19", 0.0),
     ("\\boxed{\\frac{}", "\\frac{", 0.0),
     ("The answer is $\\boxed{72}$, and also $\\boxed{36}$ works.", "36", 0.0),
 ]

@@ -12,8 +12,9 @@ The counted answer, in order of preference (docs/rewards.md has the same list):
    segment or number;
 4. else the last `$...$`/`\\(...\\)`/`\\[...\\]` segment when nothing but punctuation follows it; for a
    structured reference, the last math segment or bracketed group with a comma; else the last number.
-Declared answers are every box, every `####` line and every answer phrase stating a plain number,
-after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after
+After a `</think>`, only the text after it is read when it holds an answer (the reasoning before it
+is scratch work). Declared answers are every box, every `####` line and every answer phrase stating
+a plain number after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after
 one no longer counts. Whether the declared answers agree, or the counted one hedges (`18 or 19`), is
 judged by the caller.
 """
@@ -82,6 +83,10 @@ class FinalAnswer:
 
 def final_answer(text: str, *, structured: bool = False, join: bool = False) -> FinalAnswer:
     """The final answer of a completion by the rules of this module's docstring."""
+    if "</think>" in text:  # reasoning, then the answer: what the answer part declares counts alone
+        answer = final_answer(text[text.rfind("</think>") + 8 :], structured=structured, join=join)
+        if answer.text is not None:
+            return answer
     boxes = box_spans(text)
     hashes = []
     if "####" in text:

@@ -63,6 +63,7 @@ NUMBER_TOKEN = re.compile(
     r")(?:\s?(?:\\times|×|\\cdot)\s?10\^(?:\{[-−]?\d{1,3}\}|[-−]?\d))?(?:\s?\\?%)?"
 )
 _PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `$5`, `12 kg`
+_NUMBER_START = set("0123456789$-−.")
 _OR = re.compile(r"\bor\b", re.I)
 _NAME_IS = re.compile(r"(?<![A-Za-z])[A-Za-z](?:_\{?\w+\}?)?\s*=")
 _CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
@@ -123,6 +124,8 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
 def _revised_by_phrase(text: str, after: int) -> FinalAnswer | None:
     """`\\boxed{17}. Wait, 6 * 3 = 18, so the answer is 18.`: an answer phrase after a self-correction
     that follows the last box or `####` line is the final answer."""
+    if len(text) - after < 12:  # no room for a correction and a new answer: the common case
+        return None
     cut = 0
     for m in _CORRECTION.finditer(text, after):
         cut = m.end()
@@ -193,6 +196,8 @@ def _is_connector(gap: str) -> bool:
 def _declared(text: str, items: list[tuple[int, str]], final_at: int) -> tuple[str, ...]:
     """The declared answers (position, value) in order, less those withdrawn by a self-correction
     before the final one at `final_at` (looked for only when they differ: the common case is one)."""
+    if len(items) == 1:
+        return (items[0][1],)
     items.sort()
     if len({v for _, v in items}) > 1:
         cut = 0
@@ -206,6 +211,8 @@ def _phrase_numbers(text: str, start: int, stop: int) -> list[tuple[int, str]]:
     """(position, value) of the answer phrases in text[start:stop] stating a plain number."""
     out = []
     for m in _phrases(text, start, stop):
+        if text[m.end() : m.end() + 1] not in _NUMBER_START:
+            continue  # `the answer is \\boxed{...}`: no plain number, decided without a regex
         s = _SENTENCE.match(text, m.end(), min(len(text), m.end() + 40))
         region = s.group(0).strip().strip("$*").strip() if s else ""
         if _PLAIN_NUMBER.fullmatch(region):

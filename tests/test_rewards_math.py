@@ -223,3 +223,28 @@ def test_last_number_scanned_from_the_end_is_the_last_of_a_whole_scan():
         whole = list(NUMBER_TOKEN.finditer(text))
         last = _last_number(text)
         assert (whole[-1].span() if whole else None) == (last.span() if last else None), text
+
+
+def test_rounds_to_agrees_with_decimal_rounding():
+    # Independent reference: the decimal module's half-up rounding of p/q to d places.
+    import random
+    from decimal import ROUND_HALF_UP, Decimal, localcontext
+
+    from jaxrl_llm.rewards.math.numeric import rounds_to
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        value = Fraction(rng.randint(-10**6, 10**6), rng.choice([3, 7, 12, 13, 30, 99]))
+        places = rng.randint(2, 9)
+        with localcontext() as ctx:
+            ctx.prec = 50
+            exact = Decimal(value.numerator) / Decimal(value.denominator)
+            shown = exact.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        text = f"{shown:f}"
+        if value.denominator % 3 and value.denominator % 7 and value.denominator % 13:
+            continue  # a finite decimal expansion: never a rounding (checked below)
+        enough = len(text.lstrip("-0.").replace(".", "")) >= 3
+        assert rounds_to(text, value) == enough, (text, value)
+        wrong = f"{shown + Decimal(1).scaleb(-places) * rng.choice([-2, 2]):f}"
+        assert not rounds_to(wrong, value), (wrong, value)
+    assert not rounds_to("0.25", Fraction(1, 4)) and not rounds_to("0.2499", Fraction(1, 4))

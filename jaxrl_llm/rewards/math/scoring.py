@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from jaxrl_llm.rewards.math.braces import top_level_split
+from jaxrl_llm.rewards.math.braces import balanced, top_level_split
 from jaxrl_llm.rewards.math.expressions import to_sympy_source
 from jaxrl_llm.rewards.math.extraction import FinalAnswer, final_answer
 from jaxrl_llm.rewards.math.numeric import (
@@ -153,16 +153,7 @@ def _hedged(answer: FinalAnswer, *, alternatives: bool = True) -> bool:
 def _same_text(text: str, ref_raw: str) -> bool:
     """Equal after normalizing, and the reference is no broken fragment (`x**`, `\\frac{`)."""
     a, b = ("".join(normalize_answer(x, lhs="symbol").split()) for x in (text, ref_raw))
-    return bool(a) and a == b and b[-1] not in "+-*/^=_\\" and _balanced(b)
-
-
-def _balanced(s: str) -> bool:
-    depth = 0
-    for c in s:
-        depth += (c in "([{") - (c in ")]}")
-        if depth < 0:
-            return False
-    return depth == 0
+    return bool(a) and a == b and b[-1] not in "+-*/^=_\\" and balanced(b)
 
 
 def _numbers_match(a: str, a_num: tuple[Fraction, bool], b: str, b_num: tuple[Fraction, bool]) -> bool:

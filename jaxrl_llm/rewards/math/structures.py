@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jaxrl_llm.rewards.math.braces import top_level_split
+from jaxrl_llm.rewards.math.braces import balanced, top_level_split
 from jaxrl_llm.rewards.math.numeric import LABEL
 
 # pairs of element strings -> one bool per pair (exact numbers in Python, the rest in the worker)
@@ -111,7 +111,7 @@ def _union(s: str) -> Structure | None:
     pieces = [p.strip() for p in top_level_split(s, ("\\cup", "∪"))]
     parsed = []
     for p in pieces:
-        if len(p) < 5 or p[0] not in "([" or p[-1] not in ")]" or not _balanced(p[1:-1]):
+        if len(p) < 5 or p[0] not in "([" or p[-1] not in ")]" or not balanced(p[1:-1]):
             return None  # `(1, 2), (3, 4)` is a list of pairs, not one piece
         ends = top_level_split(p[1:-1], (",",))
         if len(ends) != 2:
@@ -123,15 +123,6 @@ def _union(s: str) -> Structure | None:
     if len(parsed) == 1 and (parsed[0][0], parsed[0][3]) == (False, False) and not _INFINITY.search(s):
         return Structure("tuple", (parsed[0][1], parsed[0][2]))
     return Structure("interval", tuple(parsed))
-
-
-def _balanced(s: str) -> bool:
-    depth = 0
-    for c in s:
-        depth += (c in "([{") - (c in ")]}")
-        if depth < 0:
-            return False
-    return depth == 0
 
 
 def _ratio(s: str) -> Structure | None:

@@ -47,7 +47,10 @@ CASES = [
     (r"\boxed{\frac{3}{4}}", r"\frac{6}{8}", 1.0),
     (r"\boxed{1\frac{1}{2}}", "3/2", 1.0),
     ("The answer is 3/4.", "0.75", 1.0),
-    (r"\boxed{0.3333}", "1/3", 0.0),
+    (r"\boxed{0.3333}", "1/3", 1.0),  # 1/3 rounded to the places shown
+    (r"\boxed{0.3334}", "1/3", 0.0),  # neither rounded nor truncated
+    (r"\boxed{0.33}", "1/3", 0.0),  # too few significant digits to say which number is meant
+    (r"\boxed{0.2499}", "1/4", 0.0),  # 1/4 has a finite expansion: only 0.25 is it
     # negative numbers
     (r"\boxed{-7}", "-7", 1.0),
     (r"\boxed{-7}", "7", 0.0),
@@ -70,7 +73,7 @@ CASES = [
     (r"\boxed{x = 5}", "5", 1.0),
     (r"\boxed{2x}", "2", 0.0),  # a glued letter is algebra, not a unit
     # multiple boxes, nesting, truncation, inline math
-    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 0.0),  # two different boxes: hedged
+    (r"First \boxed{3}, but correcting: \boxed{4}", "4", 1.0),  # a self-correction: the last counts
     (r"First \boxed{3}, but correcting: \boxed{4}", "3", 0.0),
     (r"\boxed{\boxed{7}}", "7", 1.0),
     (r"So \boxed{5}. Then maybe \boxed{6", "5", 1.0),  # an unclosed last box falls back
@@ -204,3 +207,44 @@ def test_concurrent_callers_share_the_worker_safely():
     for t in threads:
         t.join()
     assert results == {2: [1.0] * 3, 3: [1.0] * 3, 4: [1.0] * 3}
+
+
+def test_last_number_scanned_from_the_end_is_the_last_of_a_whole_scan():
+    # The windowed scan must find exactly what a scan of the whole text finds, on any text.
+    import random
+
+    from jaxrl_llm.rewards.math.extraction import NUMBER_TOKEN, _last_number
+
+    rng = random.Random(0)
+    pieces = ["1", "2", " ", "=", "+", "(", ")", "-", ".", ",", "$", r"\frac{1}{2}", "a", "b", "/", "%", "\n",
+              ":", "?", "1 000", r"\times 10^{3}", "−", "2,74", "[", "]", "{,}", r"\!"]  # fmt: skip
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 150)))
+        whole = list(NUMBER_TOKEN.finditer(text))
+        last = _last_number(text)
+        assert (whole[-1].span() if whole else None) == (last.span() if last else None), text
+
+
+def test_rounds_to_agrees_with_decimal_rounding():
+    # Independent reference: the decimal module's half-up rounding of p/q to d places.
+    import random
+    from decimal import ROUND_HALF_UP, Decimal, localcontext
+
+    from jaxrl_llm.rewards.math.numeric import rounds_to
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        value = Fraction(rng.randint(-10**6, 10**6), rng.choice([3, 7, 12, 13, 30, 99]))
+        places = rng.randint(2, 9)
+        with localcontext() as ctx:
+            ctx.prec = 50
+            exact = Decimal(value.numerator) / Decimal(value.denominator)
+            shown = exact.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        text = f"{shown:f}"
+        if value.denominator % 3 and value.denominator % 7 and value.denominator % 13:
+            continue  # a finite decimal expansion: never a rounding (checked below)
+        enough = len(text.lstrip("-0.").replace(".", "")) >= 3
+        assert rounds_to(text, value) == enough, (text, value)
+        wrong = f"{shown + Decimal(1).scaleb(-places) * rng.choice([-2, 2]):f}"
+        assert not rounds_to(wrong, value), (wrong, value)
+    assert not rounds_to("0.25", Fraction(1, 4)) and not rounds_to("0.2499", Fraction(1, 4))

@@ -60,18 +60,19 @@ STRUCTURED = [
 
 def _hacks(numbers, listing=True):
     yield from (rf"\boxed{{{x}}}" for x in numbers)  # a structure answered with one of its numbers
-    if listing:  # listing candidates (for a set, listing its elements is the right answer)
+    if listing:  # listing candidates (for a set, listing its elements is the right answer, `x = 5 or
+        # x = -2` too; for a system, its values in the reference's order)
         yield "Possible answers: " + ", ".join(numbers) + "."
-    yield " ".join(rf"\boxed{{{x}}}" for x in numbers)  # one box per candidate
+        yield " ".join(rf"\boxed{{{x}}}" for x in numbers)  # one box per candidate
+        yield rf"\boxed{{{numbers[0]} \text{{ or }} {numbers[-1]}}}"
     yield "\n".join(f"#### {x}" for x in numbers)
     yield "The answer is " + " or ".join(numbers) + "."
-    yield rf"\boxed{{{numbers[0]} \text{{ or }} {numbers[-1]}}}"
     yield f"The answer is {numbers[-1]}."
 
 
 @pytest.mark.parametrize("reference, numbers", STRUCTURED)
 def test_reward_hacking_structures_pay_nothing(reference, numbers):
-    completions = list(_hacks(numbers, listing=reference not in (r"\{1, 2, 3\}", "5, -2")))
+    completions = list(_hacks(numbers, listing=reference not in (r"\{1, 2, 3\}", "5, -2", "x = 2, y = -1")))
     _, fn = get_reward_fn("math_answer")
     assert fn(["q"] * len(completions), completions, answer=[reference] * len(completions)) == [0.0] * len(completions)
 

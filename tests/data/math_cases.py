@@ -455,7 +455,7 @@ HELD_OUT = [
     ("expressions", r"\boxed{x^2 - 4}", "(x-2)(x+2)", 1.0),
     ("expressions", r"\boxed{x^2 + 4}", "(x-2)(x+2)", 0.0),
     ("sets", r"The roots are $\boxed{-3, 2}$.", "2, -3", 1.0),
-    ("sets", r"The roots are $\boxed{-3}$ and $\boxed{2}$.", "2, -3", 0.0),
+    ("sets", r"The roots are $\boxed{-3}$ and $\boxed{2}$.", "2, -3", 1.0),  # one box per element: the set
     ("sets", r"\boxed{\{-3, 2\}}", "2,-3", 1.0),
     ("sets", r"\boxed{x = -3, 2}", "-3, 2", 1.0),
     ("sets", r"\boxed{\{1, 3, 5, 7\}}", r"\{1,3,5,7\}", 1.0),

@@ -1,12 +1,16 @@
 """`math_answer` reward: extract a completion's final answer and judge it against the reference.
 
-Which answer counts (`extraction`): the last `\\boxed{}`, else the last `####` line, else the answer
-after the last "final answer is" / "the answer is" / "answer:", else (for a structured reference)
-the last math segment or bracketed group, else the last number. Hedging scores 0: boxes or `####`
-lines with different values, `A or B` with different values, a last sentence offering alternatives.
+Which answer counts (`extraction`): the last `\\boxed{}` (against several values, the last run of
+boxes joined by `and`/commas), else the last `####` line, else the answer after the last "final
+answer is" / "the answer is" / "answer:" (its number when that is a sentence), else a closing math
+segment, else (for a structured reference) the last math segment or bracketed group, else the last
+number. Hedging scores 0: declared answers (boxes, `####` lines, numbers after an answer phrase)
+with different values, unless a self-correction ("Wait, ...") withdrew the earlier ones; `A or B`
+with different values; a last sentence offering alternatives.
 
 How it is judged (`scoring`): a plain-number reference by exact rationals in pure Python (the fast
-path; `1/2 = 0.5`, `3.0 = 3`, thousands separators, decimal commas, `a \\times 10^b`, units); a
+path; `1/2 = 0.5`, `3.0 = 3`, a decimal rounding a non-terminating rational, thousands separators,
+decimal commas, `a \\times 10^b`, units); a
 scalar expression by sympy; a set, interval, tuple, matrix, system, equation, inequality, choice or
 text as that structure (`structures`). math-verify judges every non-numeric reference too; where our
 judge cannot read the reference its verdict is used, and disagreements are reported as the metric

@@ -72,3 +72,13 @@ def top_level_split(s: str, separators: tuple[str, ...]) -> list[str]:
         i += 1
     parts.append(s[start:])
     return parts
+
+
+def balanced(s: str) -> bool:
+    """Every (, [, { closed, none closed before it opens (of any kind: `[0, 1)` is balanced)."""
+    depth = 0
+    for c in s:
+        depth += (c in "([{") - (c in ")]}")
+        if depth < 0:
+            return False
+    return depth == 0

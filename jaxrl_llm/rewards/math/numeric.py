@@ -20,25 +20,38 @@ _WRAPPERS = re.compile(
 )
 # Order matters: `,\!` is a thousands separator before `\!` (a negative space) is dropped.
 _DROP = [
+    # `\\frac` (an escaped backslash in a JSON-ish string) is `\frac`; `\\c` may be a matrix row break.
+    (re.compile(r"(?<!\\)\\\\(?=(?:[dtc]?frac|left|right|sqrt|pi|le|ge|leq|geq|neq|cdot|times|infty|cup|in|text|pm)"
+                r"(?![A-Za-z]))"), r"\\"),
     (re.compile(r",\s*\\!\s*"), ","),
     (re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°"), ""),
     (re.compile(r"\\(?:left|right|displaystyle|big|Big|bigg|Bigg)(?![A-Za-z])|\\!|\\;|\\:"), ""),
     (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), " "),  # 1\,000: a thin space between digit groups
     (re.compile(r"\\,"), ""),
+    (re.compile(r"\\q?quad(?![A-Za-z])"), " "),
     (re.compile(r"\\(?:dollar|\$)"), ""),
     (re.compile(r"\\\(|\\\)|\\\[|\\\]|\$"), ""),
     (re.compile(r"(?<!\\)\\ |~|[\u2009\u202f\u00a0]"), " "),  # `\ ` but not a row break `\\ `
-    (re.compile(r"\{,\}"), ","),
+    (re.compile(r"\s*\{\s*,\s*\}\s*"), ","),
     (re.compile(r"\\%|\\percent\b"), "%"),
     (re.compile(r"[−–]"), "-"),
-    (re.compile(r"\\(?:approx|simeq|equiv)|≈"), "="),
+    (re.compile(r"\\(?:approx|simeq)(?![A-Za-z])"), "≈"),
+    (re.compile(r"\\equiv(?![A-Za-z])"), "="),
     (re.compile(r"\\(?:dfrac|tfrac|cfrac)(?![A-Za-z])"), r"\\frac"),
 ]
 _PLAIN = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")  # `1,234.5`: nothing for `_DROP` to do
 _SPACE_GROUPS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?: \d{3})+)(?![\d,.])")
 _THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d,])")
+_BRACKETS = re.compile(r"[()\[\]{}]")
 _DECIMAL_COMMA = re.compile(r"-?\d+,\d+")
 _SINGLE_SYMBOL = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+(?:_\{?\w+\}?)?")
+# A name, not an expression: `x`, `a_{37}`, `AB`, `\alpha`; a label is names combined without
+# arithmetic: `(p, q)`, `V_1:V_2`, `|AB|`, `f(x)`, `\frac{NO}{BO}`. `2x + 3y` or `xy` is no label.
+_NAME = r"(?:[A-Za-z]|[A-Z]{2,4}|\\[A-Za-z]+)(?:_(?:\{\w+\}|\w))?"
+LABEL = re.compile(
+    rf"{_NAME}|\|{_NAME}\||{_NAME}\({_NAME}(?:\s*,\s*{_NAME})*\)|\(\s*{_NAME}(?:\s*,\s*{_NAME})+\s*\)"
+    rf"|{_NAME}(?:\s*:\s*{_NAME})+|\\frac\{{{_NAME}\}}\{{{_NAME}\}}"
+)
 _UNIT_TAIL = re.compile(r"(?P<value>.*?[\d})%.])(?P<tail>\s*[A-Za-z][A-Za-z\s./^²³\d-]*)$", re.S)
 _MATH_WORDS = {"pi", "e", "i", "sqrt", "log", "ln", "sin", "cos", "tan", "exp", "inf", "infinity", "oo",
                "or", "and", "cup", "cap", "in", "le", "ge", "leq", "geq", "lt", "gt", "ne", "neq"}  # fmt: skip
@@ -54,38 +67,53 @@ def clean_answer(answer: str) -> str:
     for pattern, repl in _DROP:
         s = pattern.sub(repl, s)
     s = _SPACE_GROUPS.sub(lambda m: m.group(1) + m.group(2).replace(" ", ""), " ".join(s.split()))
+    if "≈" in s:  # `x = 1/3 \approx 0.33`: the exact value is the answer; `x \approx 11` is 11
+        head = s.split("≈", 1)[0]
+        s = head if "=" in head else s.replace("≈", "=")
+    if s[:1] == "{" and read_group(s, 0) == (s[1:-1], len(s)):
+        s = s[1:-1].strip()  # `{1, 2, 3}`: a TeX group, not a set (that is `\{1, 2, 3\}`)
     return s.strip()
 
 
-def normalize_answer(answer: str, *, lhs: str = "chain") -> str:
+def normalize_answer(answer: str, *, lhs: str = "chain", lists: bool = False) -> str:
     """Strips presentation from an extracted answer: `"x = \\$1,234.50 dollars"` -> `"1234.50"`.
 
     lhs: how a `... =` prefix is read. "chain" (a completion's answer): the value after the last `=`,
       unless the answer is a comma list (`x = 2, y = -1` stays whole). "symbol" (a reference): only a
-      single symbol is stripped (`x = 5` -> `5`; `2x + 3y = 12` stays an equation).
+      label is stripped (`x = 5` -> `5`, `(p, q) = (3, 2)` -> `(3, 2)`; `2x + 3y = 12` stays).
+    lists: the answer is compared with a list, so a comma always separates (`6,8` is not 6.8).
     """
     s = clean_answer(answer)
     if len(s) > MAX_ANSWER_CHARS:
         return s
-    s = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
+    if not lists and not _BRACKETS.search(s):  # in `(12,102)` or a list a comma separates
+        s = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
     s = _strip_lhs(s, lhs)
-    if _DECIMAL_COMMA.fullmatch(s):  # `1000,99`, `0,111`: not a thousands grouping, so a decimal comma
+    if not lists and _DECIMAL_COMMA.fullmatch(s):  # `1000,99`, `0,111`: not a thousands grouping, so a decimal comma
         s = s.replace(",", ".")
     s = " ".join(s.split()).strip().rstrip(".").strip()
-    s = _strip_units(s)
-    return s.strip().rstrip(".").strip()
+    s = _strip_units(s).strip().rstrip(".").strip()
+    if not lists and _DECIMAL_COMMA.fullmatch(s):  # `3,5 liters`: the unit gone, a decimal comma
+        s = s.replace(",", ".")
+    return s
 
 
 def _strip_lhs(s: str, mode: str) -> str:
     if "=" not in s or any(op in s for op in ("<", ">", "\\le", "\\ge", "\\ne", "≤", "≥")):
         return s
     if mode == "symbol":
-        left, _, right = s.partition("=")
-        return right if "=" not in right and _SINGLE_SYMBOL.fullmatch(left.strip()) else s
+        return strip_label(s)
     if len(top_level_split(s, (",", ";"))) > 1:
         left, _, right = s.partition("=")  # `x = -3, 2`: one symbol names a list of values
         return right if "=" not in right and _SINGLE_SYMBOL.fullmatch(left.strip()) else s
     return s.rsplit("=", 1)[1]
+
+
+def strip_label(s: str) -> str:
+    """`(p, q) = (3, 2)` -> `(3, 2)`, `V_1:V_2 = 11:21` -> `11:21`: a labelled value is the value.
+    An equation (`2x + 3y = 12`) or a system (`x = 2, y = -1`) stays whole."""
+    left, eq, right = s.partition("=")
+    return right.strip() if eq and "=" not in right and LABEL.fullmatch(left.strip()) else s
 
 
 def _unwrap_text(s: str) -> str:
@@ -157,7 +185,7 @@ def _parse_signed(s: str) -> Fraction | None:
     if s and s[0] in "+-":
         sign, s = (-1 if s[0] == "-" else 1), s[1:].strip()
     value = _parse_unsigned(s)
-    return None if value is None else sign * value
+    return None if value is None else (-value if sign < 0 else value)
 
 
 def _parse_unsigned(s: str) -> Fraction | None:
@@ -219,6 +247,34 @@ def candidates(value: tuple[Fraction, bool]) -> list[Fraction]:
     return [v, v / 100] if percent else [v]
 
 
+_ROUNDED = re.compile(r"[-+]?\d*\.(\d{2,})")
+
+
+def rounds_to(decimal: str, value: Fraction) -> bool:
+    """`0.0833333333333333` for 1/12, `2.6667` for 8/3: a decimal with at least two places and three
+    significant digits that is `value` rounded to its places (or, from six places, truncated), where
+    `value` has no finite decimal expansion (so `0.33` is not 1/3 and `0.249` is not 0.25)."""
+    m = _ROUNDED.fullmatch(decimal.strip())
+    if m is None or len(decimal.strip().lstrip("+-0.").replace(".", "")) < 3:
+        return False
+    den = value.denominator
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    if den == 1:
+        return False
+    places = len(m.group(1))
+    scaled = Fraction(decimal.strip()) * 10**places
+    exact = abs(value) * 10**places
+    sign = -1 if value < 0 else 1
+    # Rounded; truncated only from six places on, where it is float printing (`0.6666666666666666`)
+    # rather than a wrong rounding (`14.28` for 100/7).
+    allowed = [int(exact + Fraction(1, 2))] + ([exact.numerator // exact.denominator] if places >= 6 else [])
+    return scaled in [sign * v for v in allowed]
+
+
 def numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
     """Exact equality of two parsed numbers, either side's percentage read as x or x/100."""
+    if not a[1] and not b[1]:
+        return a[0] == b[0]  # the common case, without building the candidate lists
     return any(x == y for x in candidates(a) for y in candidates(b))

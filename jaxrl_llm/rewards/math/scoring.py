@@ -9,8 +9,10 @@
 For every non-numeric reference math-verify judges too (in the worker); `Verdict` keeps both.
 
 A hedged answer scores 0 on every path and is not shown to math-verify: declared answers (boxes,
-`####` lines) with different values, alternatives `A or B` with different values, or a last-number
-answer whose sentence offers alternatives.
+`####` lines, plain numbers after answer phrases, less those withdrawn by a self-correction) with
+different values, alternatives `A or B` with different values (against a reference of several
+values they are the list), or a phrase, segment or last-number answer whose sentence offers
+alternatives. An answer written as the reference is (after cleaning) is equal on every path.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from jaxrl_llm.rewards.math.braces import top_level_split
+from jaxrl_llm.rewards.math.braces import balanced, top_level_split
 from jaxrl_llm.rewards.math.expressions import to_sympy_source
 from jaxrl_llm.rewards.math.extraction import FinalAnswer, final_answer
-from jaxrl_llm.rewards.math.numeric import candidates, clean_answer, normalize_answer, numbers_equal, parse_number
+from jaxrl_llm.rewards.math.numeric import (
+    candidates,
+    clean_answer,
+    normalize_answer,
+    numbers_equal,
+    parse_number,
+    rounds_to,
+    strip_label,
+)
 from jaxrl_llm.rewards.math.structures import (
     Structure,
     choice_letter,
@@ -50,9 +60,10 @@ class Verdict:
 
 
 def reference_answer(reference: str) -> str | None:
-    """The reference's answer string: boxed > `####` > an answer phrase > the whole string."""
+    """The reference's answer string: boxed (several boxes joined by `and` or commas are one list)
+    > `####` > an answer phrase > the whole string."""
     if "\\" in reference or "####" in reference or "nswer" in reference:
-        answer = final_answer(reference)
+        answer = final_answer(reference, join=True)
         if answer.source in ("box", "hashes", "phrase"):
             return answer.text
     whole = reference.strip()
@@ -68,22 +79,29 @@ def judge(completion: str, reference: str, *, timeout: float = DEFAULT_SYMPY_TIM
     ref = normalize_answer(ref_raw, lhs="symbol")
     ref_num = parse_number(ref)
     if ref_num is not None:
-        return Verdict(_score_numeric(final_answer(completion), ref_num, timeout))
+        return Verdict(_score_numeric(final_answer(completion), ref, ref_num, timeout))
     letter = choice_letter(clean_answer(ref_raw))  # `A` is a choice, not the symbol A
     ref_src = to_sympy_source(ref) if letter is None else None
-    structure = parse_structure(clean_answer(ref_raw)) if ref_src is None else None
+    structure = parse_structure(strip_label(clean_answer(ref_raw))) if ref_src is None else None
     if structure is not None and structure.kind == "text" and " " in structure.items[0] and "\\" not in ref_raw:
         structure = None  # a sentence is not an answer; a text answer is one word or wrapped (`\text{}`)
-    answer = final_answer(completion, structured=structure is not None)
-    if _hedged(answer, alternatives=not _has_alternatives(ref_raw)):
+    several = structure is not None and structure.kind in ("set", "list", "system")
+    answer = final_answer(completion, structured=structure is not None, join=several)
+    # Against several values `x = 2 or x = 3` states them all; against one value it hedges.
+    listed = several or _has_alternatives(ref_raw)
+    if _hedged(answer, alternatives=not listed):
         return Verdict(0.0, 0.0)
-    text = answer.text if _has_alternatives(ref_raw) else _first_alternative(answer.text)
-    if ref_src is not None:
+    text = answer.text if listed else _first_alternative(answer.text)
+    if several and text is not None and _has_alternatives(clean_answer(text)):
+        text = ", ".join(p.strip() for p in top_level_split(clean_answer(text), _ALTERNATIVES))
+    if ref_src is None and structure is None and not _MATHLIKE.search(ref_raw):
+        return Verdict(None)  # words, not math: math-verify would read `no value` as a product n*o*v*...
+    if text is not None and _same_text(text, ref_raw):
+        ours = 1.0  # written the same way: equal, whatever notation neither judge can read
+    elif ref_src is not None:
         ours = _score_expression(text, ref_src, timeout)
     elif structure is not None:
         ours = _score_structure(text, structure, system_order(clean_answer(ref_raw)), timeout)
-    elif not _MATHLIKE.search(ref_raw):
-        return Verdict(None)  # words, not math: math-verify would read `no value` as a product n*o*v*...
     else:
         ours = None
     second = _math_verify(text, ref_raw, timeout) if second_judge else None
@@ -132,13 +150,28 @@ def _hedged(answer: FinalAnswer, *, alternatives: bool = True) -> bool:
 # ----------------------------------------------------------------------------- the three paths
 
 
-def _score_numeric(answer: FinalAnswer, ref_num: tuple[Fraction, bool], timeout: float) -> float:
+def _same_text(text: str, ref_raw: str) -> bool:
+    """Equal after normalizing, and the reference is no broken fragment (`x**`, `\\frac{`)."""
+    a, b = ("".join(normalize_answer(x, lhs="symbol").split()) for x in (text, ref_raw))
+    return bool(a) and a == b and b[-1] not in "+-*/^=_\\" and balanced(b)
+
+
+def _numbers_match(a: str, a_num: tuple[Fraction, bool], b: str, b_num: tuple[Fraction, bool]) -> bool:
+    """Exactly equal, or one side a decimal that rounds the other (`0.0833` for `\\frac{1}{12}`)."""
+    if numbers_equal(a_num, b_num):
+        return True
+    if a_num[1] or b_num[1] or not ("." in a or "." in b):
+        return False
+    return rounds_to(a, b_num[0]) or rounds_to(b, a_num[0])
+
+
+def _score_numeric(answer: FinalAnswer, ref: str, ref_num: tuple[Fraction, bool], timeout: float) -> float:
     if answer.text is None or _hedged(answer):
         return 0.0
     cand = normalize_answer(_first_alternative(answer.text))
     cand_num = parse_number(cand) if cand else None
     if cand_num is not None:
-        return float(numbers_equal(cand_num, ref_num))
+        return float(_numbers_match(cand, cand_num, ref, ref_num))
     cand_src = to_sympy_source(cand) if cand else None
     if cand_src is None:
         return 0.0
@@ -171,7 +204,8 @@ def _score_structure(text: str | None, ref: Structure, order: tuple[str, ...], t
     if text is None:
         return 0.0
     # `(a, b) = (1, 2)`: the value comes last, except where the reference itself has `=` in it.
-    cleaned = clean_answer(text) if ref.kind in ("relation", "system") else normalize_answer(text, lhs="chain")
+    lists = ref.kind in ("set", "list", "system", "tuple", "interval", "ratio")
+    cleaned = clean_answer(text) if ref.kind in ("relation", "system") else normalize_answer(text, lists=lists)
     cand = parse_structure(cleaned)
     if cand is None:
         return 0.0
@@ -209,7 +243,11 @@ def _elements_equal(pairs: Sequence[tuple[str, str]], timeout: float) -> list[bo
         if c_inf or r_inf:
             out.append(c_inf == r_inf)
         elif c_num is not None and r_num is not None:
-            out.append(numbers_equal(c_num, r_num))
+            out.append(_numbers_match(cn, c_num, rn, r_num))
+        elif "".join(cn.split()) == "".join(rn.split()):
+            out.append(True)
+        elif cn[:1] in "([" and rn[:1] in "([" and c_num is None and r_num is None:
+            out.append(_nested_equal(cn, rn, timeout))  # a set of tuples: each tuple as a structure
         else:
             c_src = _rational_source(c_num[0]) if c_num else to_sympy_source(cn)
             r_src = _rational_source(r_num[0]) if r_num else to_sympy_source(rn)
@@ -222,6 +260,16 @@ def _elements_equal(pairs: Sequence[tuple[str, str]], timeout: float) -> list[bo
         for k, (i, _, _) in enumerate(symbolic):
             out[i] = bool(isinstance(equal, list) and equal[k])
     return [bool(x) for x in out]
+
+
+def _nested_equal(cand: str, ref: str, timeout: float) -> bool:
+    c, r = parse_structure(cand), parse_structure(ref)
+    if c is None or r is None or c.kind not in _NESTED or r.kind not in _NESTED:
+        return False
+    return structures_equal(c, r, lambda pairs: _elements_equal(pairs, timeout))
+
+
+_NESTED = ("tuple", "interval", "list")
 
 
 def _math_verify(text: str | None, ref_raw: str, timeout: float) -> float | None:

@@ -5,7 +5,9 @@ multiple-choice letters and text. Parsed from a cleaned answer (`numeric.clean_a
 Equivalences accepted (everything else must be the same kind): a bare comma list is a set
 (`1, 2` = `\\{2, 1\\}`); a pair `(a, b)` is also the open interval; a one-variable inequality or chain
 is its interval (`x < 5` = `(-\\infty, 5)`); a system `x = 2, y = -1` answered as a tuple takes the
-values in the reference's order.
+values in the reference's order, and so does a bare list (`-5, \\frac{14}{3}` for `x = -5, p = \\frac{14}{3}`).
+Names may be labels (`AB = 4, CD = 5`; `0 < f(x) < 1`); a ratio `a:b` is compared part by part; a
+tuple may use `;` (`(0; -2; 6)`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jaxrl_llm.rewards.math.braces import top_level_split
+from jaxrl_llm.rewards.math.braces import balanced, top_level_split
+from jaxrl_llm.rewards.math.numeric import LABEL
 
 # pairs of element strings -> one bool per pair (exact numbers in Python, the rest in the worker)
 ElementsEqual = Callable[[Sequence[tuple[str, str]]], list[bool]]
@@ -22,16 +25,17 @@ ElementsEqual = Callable[[Sequence[tuple[str, str]]], list[bool]]
 
 @dataclass(frozen=True)
 class Structure:
-    """kind and items: "set"/"tuple" (elements), "interval" ((left_closed, lo, hi, right_closed) per
-    piece of a union), "matrix" / "determinant" (`vmatrix`; rows of elements), "system" ((symbol, value) sorted), "relation"
-    ((op, lhs, rhs) with op in = != < <=), "choice" ((letter,)), "text" ((lowercase words,))."""
+    """kind and items: "set" / "list" (a bare comma list) / "tuple" / "ratio" (`a:b`): elements;
+    "interval": (left_closed, lo, hi, right_closed) per piece of a union; "matrix" / "determinant"
+    (`vmatrix`): rows of elements; "system": (name, value) sorted; "relation": (op, lhs, rhs) with op
+    in = != < <=; "choice": (letter,); "text": (lowercase words,)."""
 
     kind: str
     items: tuple
 
 
 _MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.S)
-_CHOICE = re.compile(r"\(?\s*([A-E])\s*\)?(?:\s.*)?", re.S)
+_CHOICE = re.compile(r"\(?\s*([A-E])\s*\)?(?:\s(?!\s*[=<>:]).*)?", re.S)
 _OTHER_LETTER = re.compile(r"(?<![A-Za-z])[A-E](?![A-Za-z])")
 _TEXT = re.compile(r"[A-Za-z][A-Za-z' -]*[A-Za-z]")
 _SYMBOL = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+")
@@ -56,7 +60,7 @@ def parse_structure(s: str) -> Structure | None:
         return None
     for op_re, op in _OPS:
         s = op_re.sub(op, s)
-    for parser in (_matrix, _empty_or_set, _choice, _union, _relation, _comma_list, _text):
+    for parser in (_matrix, _empty_or_set, _choice, _union, _ratio, _relation, _comma_list, _text):
         out = parser(s)
         if out is not None:
             return out
@@ -64,6 +68,8 @@ def parse_structure(s: str) -> Structure | None:
 
 
 def _matrix(s: str) -> Structure | None:
+    if s[:1] in "([" and s[-1:] in ")]" and _MATRIX.fullmatch(s[1:-1].strip()):
+        s = s[1:-1].strip()  # `\left[\begin{array}...\end{array}\right]`: the brackets are the matrix's
     m = _MATRIX.fullmatch(s)
     if m is None:
         return None
@@ -101,19 +107,30 @@ def _choice(s: str) -> Structure | None:
 
 def _union(s: str) -> Structure | None:
     """Intervals `[0, 1)`, `(-\\infty, 2] \\cup (3, \\infty)`; a plain `(a, b)` is a tuple."""
-    s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)
+    s = re.sub(r"^[A-Za-z]\s*(?:\\in(?![A-Za-z])|∈)\s*", "", s)
     pieces = [p.strip() for p in top_level_split(s, ("\\cup", "∪"))]
     parsed = []
     for p in pieces:
-        if len(p) < 5 or p[0] not in "([" or p[-1] not in ")]":
-            return None
+        if len(p) < 5 or p[0] not in "([" or p[-1] not in ")]" or not balanced(p[1:-1]):
+            return None  # `(1, 2), (3, 4)` is a list of pairs, not one piece
         ends = top_level_split(p[1:-1], (",",))
         if len(ends) != 2:
+            ends = top_level_split(p[1:-1], (",", ";"))
+            if len(pieces) == 1 and len(ends) > 2 and p[0] == "(" and p[-1] == ")":  # `(0; -2; 6)`
+                return Structure("tuple", tuple(e.strip() for e in ends))
             return None
         parsed.append((p[0] == "[", ends[0].strip(), ends[1].strip(), p[-1] == "]"))
     if len(parsed) == 1 and (parsed[0][0], parsed[0][3]) == (False, False) and not _INFINITY.search(s):
         return Structure("tuple", (parsed[0][1], parsed[0][2]))
     return Structure("interval", tuple(parsed))
+
+
+def _ratio(s: str) -> Structure | None:
+    """`11:21`, `12:00`: compared part by part (`22:42` is not `11:21`: no reduction is assumed)."""
+    if ":" not in s or _REL_SPLIT.search(s) or len(top_level_split(s, _SEPARATORS)) > 1:
+        return None
+    parts = [p.strip() for p in top_level_split(s, (":",))]
+    return Structure("ratio", tuple(parts)) if len(parts) > 1 and all(parts) else None
 
 
 def _relation(s: str) -> Structure | None:
@@ -130,6 +147,8 @@ def _relation(s: str) -> Structure | None:
     if op in (">", ">="):
         lhs, op, rhs = rhs, _FLIP[op], lhs
     for var, bound, var_left in ((lhs, rhs, True), (rhs, lhs, False)):
+        if var[:1] == "-" and _SYMBOL.fullmatch(var[1:].strip()) and not _SYMBOL.fullmatch(bound):
+            var, bound, var_left = var[1:].strip(), f"-({bound})", not var_left  # -x < b: x > -b
         if op in ("<", "<=") and _SYMBOL.fullmatch(var) and not _SYMBOL.fullmatch(bound):
             closed = op == "<="
             piece = (False, "-\\infty", bound, closed) if var_left else (closed, bound, "\\infty", False)
@@ -141,7 +160,7 @@ def _chain(parts: list[str]) -> Structure | None:
     lo, op1, var, op2, hi = parts
     if op1 != op2 and {op1, op2} - {"<", "<="} and {op1, op2} - {">", ">="}:
         return None
-    if not _SYMBOL.fullmatch(var):
+    if not LABEL.fullmatch(var):
         return None
     if op1 in (">", ">="):
         lo, op1, op2, hi = hi, _FLIP[op2], _FLIP[op1], lo
@@ -152,17 +171,44 @@ def _chain(parts: list[str]) -> Structure | None:
 
 def _comma_list(s: str) -> Structure | None:
     parts = [p.strip() for p in top_level_split(s, _SEPARATORS)]
+    if len(parts) > 2 and not parts[-2] and parts[-1]:
+        del parts[-2]  # `19, 46, and 82`
     if len(parts) < 2 or any(not p for p in parts):
         if s.startswith("[") and s.endswith("]") and len(parts) == 1:
             inner = top_level_split(s[1:-1], (",",))
             return Structure("tuple", tuple(p.strip() for p in inner)) if len(inner) > 1 else None
         return None
     pairs = [_REL_SPLIT.split(p) for p in parts]
-    if all(len(q) == 3 and q[1] == "=" and _SYMBOL.fullmatch(q[0].strip()) for q in pairs):
-        return Structure("system", tuple(sorted((q[0].strip(), q[2].strip()) for q in pairs)))
+    if all(len(q) == 3 and q[1] == "=" and LABEL.fullmatch(q[0].strip()) for q in pairs):
+        names = [_name(q[0]) for q in pairs]
+        if len(set(names)) == len(names):
+            return Structure("system", tuple(sorted(zip(names, (q[2].strip() for q in pairs)))))
+        return _solutions(s, names, [q[2].strip() for q in pairs])
     if any(len(q) > 1 for q in pairs):
         return None
-    return Structure("set", tuple(parts))
+    return Structure("list", tuple(parts))
+
+
+def _solutions(s: str, names: list[str], values: list[str]) -> Structure | None:
+    """Several solutions: `x = 1, x = 2` is the list `1, 2`; `p = 5, q = 2; p = 7, q = 2` the list of
+    tuples `(5, 2), (7, 2)` (values in the order the names are first written)."""
+    if len(set(names)) == 1:
+        return Structure("list", tuple(values))
+    groups = [top_level_split(g, (",", " and ")) for g in top_level_split(s, (";",))]
+    width = len(groups[0])
+    if len(groups) < 2 or any(len(g) != width for g in groups) or width * len(groups) != len(names):
+        return None
+    order = names[:width]
+    pairs = list(zip(names, values))
+    rows = [dict(pairs[k * width : (k + 1) * width]) for k in range(len(groups))]
+    if any(sorted(r) != sorted(order) for r in rows):
+        return None
+    return Structure("list", tuple("(" + ", ".join(r[n] for n in order) + ")" for r in rows))
+
+
+def _name(s: str) -> str:
+    """`a_{3}` and `a_3` are one name."""
+    return re.sub(r"_\{(\w)\}", r"_\1", s.strip())
 
 
 def _text(s: str) -> Structure | None:
@@ -173,17 +219,17 @@ def _text(s: str) -> Structure | None:
 
 def system_order(s: str) -> tuple[str, ...]:
     """The symbols of a system in the order written (`y = 1, x = 2` -> ("y", "x"))."""
-    return tuple(_REL_SPLIT.split(p)[0].strip() for p in top_level_split(s, _SEPARATORS))
+    return tuple(_name(_REL_SPLIT.split(p)[0]) for p in top_level_split(s, _SEPARATORS))
 
 
 def structures_equal(cand: Structure, ref: Structure, eq: ElementsEqual, order: tuple[str, ...] = ()) -> bool:
     """cand equals ref as the structure ref is (see the module docstring for the equivalences)."""
     if ref.kind in ("choice", "text"):
         return cand.kind == ref.kind and cand.items == ref.items
-    if ref.kind == "set" and cand.kind == "set":
+    if ref.kind in _SETS and cand.kind in _SETS:
         return _same_elements(cand.items, ref.items, eq)
-    if ref.kind == "system" and cand.kind == "tuple" and len(order) == len(cand.items):
-        cand = Structure("system", tuple(sorted(zip(order, cand.items))))
+    if ref.kind == "system" and cand.kind in ("tuple", "list") and len(order) == len(cand.items):
+        cand = Structure("system", tuple(sorted(zip(order, cand.items))))  # values in the reference's order
     if ref.kind == "interval" and cand.kind == "tuple" and len(cand.items) == 2:
         cand = Structure("interval", ((False, *cand.items, False),))
     if ref.kind == "tuple" and cand.kind == "interval" and len(ref.items) == 2:
@@ -193,6 +239,9 @@ def structures_equal(cand: Structure, ref: Structure, eq: ElementsEqual, order: 
     if ref.kind == "relation":
         return False  # equations need sympy: the caller compares them (`relation_sources`)
     return _flat_equal(cand, ref, eq)
+
+
+_SETS = ("set", "list")
 
 
 def _flat_equal(cand: Structure, ref: Structure, eq: ElementsEqual) -> bool:

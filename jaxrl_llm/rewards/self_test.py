@@ -139,21 +139,23 @@ def _repeat_to(unit: str, tokens: int, count_tokens: Callable[[str], int]) -> st
 @dataclasses.dataclass
 class SelfTestReport:
     """table: reward -> probe -> mean score over the rows (None: the reward gave None on every row, or
-    the probe was not built); flagged: (reward, probe, why) triples; seconds: reward -> time spent."""
+    the probe was not built); flagged: (reward, probe, why) triples; seconds: reward -> time spent in it;
+    total_s: the whole check's time (the caller may add its own preparation)."""
 
     rows: int
     probes: tuple[str, ...]
     table: dict[str, dict[str, float | None]]
     flagged: list[tuple[str, str, str]]
     seconds: dict[str, float]
+    total_s: float = 0.0
 
     def metrics(self) -> dict[str, float]:
-        """`reward/self_test/<reward>/<probe>` (omitted where None), `reward/self_test/flagged`,
-        `reward/self_test/time_s`."""
+        """`reward/self_test/<reward>/<probe>` (omitted where None), `reward/self_test/flagged` and the
+        wall-clock `perf/reward_self_test_s` (perf/: it differs between any two runs)."""
         out = {f"reward/self_test/{name}/{probe}": v for name, col in self.table.items()
                for probe, v in col.items() if v is not None}
         out["reward/self_test/flagged"] = float(len(self.flagged))
-        out["reward/self_test/time_s"] = float(sum(self.seconds.values()))
+        out["perf/reward_self_test_s"] = float(self.total_s)
         return out
 
     def format(self) -> str:
@@ -182,6 +184,7 @@ def run_self_test(reward_fns: Sequence[tuple[str, Callable[..., Any], float]],
     A contract error (a raise under on_error='raise', a wrong length, type or value) is the RewardError
     of training, its row named as the dataset row and probe.
     """
+    t0 = time.perf_counter()
     flat = [(r, name, text) for r, row in enumerate(probes) for name, texts in row.items() for text in texts]
     texts, rows = [t for _, _, t in flat], [r for r, _, _ in flat]
     prompts, completions, columns = inputs(texts, rows, [name == "overlong" for _, name, _ in flat])
@@ -199,7 +202,7 @@ def run_self_test(reward_fns: Sequence[tuple[str, Callable[..., Any], float]],
         scores = _row_scores(flat, len(probes), values, present)
         table[name] = {p: _mean([s for s in scores[p] if s is not None]) for p in order}
         flagged += _flags(name, scores, int(present.sum()), batch.metrics[f"reward/{name}/errors"], len(flat))
-    return SelfTestReport(len(probes), order, table, flagged, seconds)
+    return SelfTestReport(len(probes), order, table, flagged, seconds, time.perf_counter() - t0)
 
 
 def _row_scores(flat, n_rows: int, values: np.ndarray, present: np.ndarray) -> dict[str, list[float | None]]:

@@ -97,7 +97,7 @@ class Trainer:
                                  self.pad_id)
         # Every reward on probe completions of a few rows, before the parameters load or anything compiles.
         self_test = reward_check.check_rewards(c, self.rollouts, dataset)
-        self.self_test_metrics = self_test.metrics() if self_test is not None else {}  # the first step's row
+        self.self_test_metrics = self_test.metrics() if self_test is not None else {}  # step 1's row
         eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
         self._init_state(model_path)
         self.evaluator = self._evaluator(callables, eval_rows) if eval_rows is not None else None
@@ -269,7 +269,7 @@ class Trainer:
             try:
                 for step in range(self.start_step, c.total_steps):
                     state, m, samples = self.train_step(state)
-                    if step == self.start_step:
+                    if step == 0:  # a resumed run checks its rewards again but logs no second copy
                         m.update(self.self_test_metrics)
                     if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
                                                        or step + 1 == c.total_steps):

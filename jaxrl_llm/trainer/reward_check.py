@@ -3,7 +3,8 @@ reward function of the run is called on probe completions of a few dataset rows 
 through the rollout's own input building (the dataset's columns, the trainer fields, the completions
 decoded from token ids). A broken contract (a raise, a return that is not N values, a non-finite value)
 is training's one-line RewardError in seconds; a probe paid like a correct answer is a warning, or an
-error with `reward.self_test=error` (`off`: the contract check alone, on the empty and reference probes).
+error with `reward.self_test=error`. `off` calls no reward before the first rollout (rewards with side
+effects or a cost per call): the first rollout then meets a broken contract, as it did before.
 """
 from __future__ import annotations
 
@@ -25,28 +26,25 @@ PROBE_ROWS = 4  # dataset rows probed, spread evenly over the dataset
 
 def check_rewards(c, rollouts, dataset) -> SelfTestReport | None:
     """Runs the check for `rollouts.reward_fns` on rows of the prepared prompt `dataset`; prints the table
-    (process 0) and returns the report, None with `reward.self_test=off` or without reward functions."""
-    if not rollouts.reward_fns:
+    (process 0) and returns the report; None (nothing called) with `reward.self_test=off` or without
+    reward functions."""
+    if not rollouts.reward_fns or c.reward.self_test == "off":
         return None
     t0 = time.perf_counter()
     picks = sorted({int(i) for i in np.linspace(0, len(dataset) - 1, min(PROBE_ROWS, len(dataset))).round()})
     rows = dataset[picks]
     answer = c.data.answer_column
     refs = [reference_text(v) for v in rows[answer]] if answer and answer in rows else [None] * len(picks)
-    if c.reward.self_test == "off":
-        probes = [{"empty": ("",), **({"reference": (r,)} if r is not None else {})} for r in refs]
-    else:
-        count = lambda s: len(rollouts.tokenizer(s, add_special_tokens=False)["input_ids"])
-        budget = OVERLONG_FACTOR * c.rollout.max_new_tokens
-        probes = [build_probes(p, r, budget, count) for p, r in zip(rows[PROMPT_USER], refs)]
+    count = lambda s: len(rollouts.tokenizer(s, add_special_tokens=False)["input_ids"])
+    budget = OVERLONG_FACTOR * c.rollout.max_new_tokens
+    probes = [build_probes(p, r, budget, count) for p, r in zip(rows[PROMPT_USER], refs)]
     report = run_self_test(rollouts.reward_fns, probes, functools.partial(_inputs, rollouts, dataset, picks),
                            on_error=c.reward.on_error)
-    if c.reward.self_test == "off":
-        return None
+    report.total_s = time.perf_counter() - t0  # the probes' tokenization included
     if dist.is_main():
         turn = "\n(env.name: each probe stands for an episode's last model turn, what the reward functions score)"
         print(f"{report.format()}{turn if c.env.name else ''}\n(the start-up reward check took "
-              f"{time.perf_counter() - t0:.2f} s)", flush=True)
+              f"{report.total_s:.2f} s)", flush=True)
     enforce(report, c.reward.self_test)
     return report
 

@@ -138,7 +138,8 @@ def test_warn_logs_each_flag_and_error_raises_naming_reward_and_probe(caplog):
         st.enforce(report, "warn")
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 3 and all("reward 'anywhere'" in w for w in warned)
-    assert any("probe 'numbers': pays every candidate answer listed like a correct answer" in w for w in warned)
+    assert any("probe 'numbers' (every candidate answer listed) scores like a correct answer: mean 1.000 >= the "
+               "reference's 1.000 over 4 rows" in w for w in warned)
     with pytest.raises(st.RewardSelfTestError, match=r"^reward.self_test=error: reward 'anywhere', probe 'numbers'"):
         st.enforce(report, "error")
     st.enforce(_run([exact]), "error")  # nothing flagged: no error
@@ -243,3 +244,26 @@ def test_self_test_error_mode_stops_the_trainer_and_off_calls_nothing(tmp_path, 
 def test_self_test_mode_is_validated():
     with pytest.raises(ValueError, match=r"config.reward.self_test must be warn, error or off, got 'strict'"):
         config_lib.prepare(jaxrl_llm.from_dict(tiny(**{"reward.self_test": "strict", "data.path": "rows.jsonl"})))
+
+
+def _multiturn_config(**fields):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "tiny_multiturn.py")
+    spec = importlib.util.spec_from_file_location("_tiny_multiturn", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return config_lib.from_dict({"data.task_rows": 64, "eval.every_steps": 0, **fields}, base=module.get_config())
+
+
+def test_multi_turn_runs_probe_the_last_turn_and_the_tiny_multiturn_config_has_nothing_to_check(
+        tmp_path, nothing_compiles, capsys):
+    with pytest.raises(AssertionError, match="went past the reward check"):
+        jaxrl_llm.Trainer(_multiturn_config(**{"reward.functions": "digit_puzzles"}), str(tmp_path / "a"))
+    out = capsys.readouterr().out
+    assert "digit_puzzles" in out and "(env.name: each probe stands for an episode's last model turn" in out
+    reference = next(line for line in out.splitlines() if line.startswith("reference"))
+    assert reference.split()[1] == "1.000"
+    with pytest.raises(AssertionError, match="went past the reward check"):  # configs/tiny_multiturn.py: no reward
+        jaxrl_llm.Trainer(_multiturn_config(), str(tmp_path / "b"))
+    assert "reward self-test" not in capsys.readouterr().out

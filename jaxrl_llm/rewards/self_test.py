@@ -236,8 +236,8 @@ def _flags(name: str, scores, present: int, errors: float, n: int) -> list[tuple
             continue
         got, want = _mean([scores[probe][r] for r in rows]), _mean([ref[r] for r in rows])
         if got >= want - _TOLERANCE:
-            out.append((name, probe, f"pays {PROBES[probe][0]} like a correct answer: mean {got:.3f} >= the "
-                                     f"reference's {want:.3f} over {len(rows)} rows"))
+            out.append((name, probe, f"({PROBES[probe][0]}) scores like a correct answer: mean {got:.3f} >= "
+                                     f"the reference's {want:.3f} over {len(rows)} rows"))
     return out
 
 
@@ -250,7 +250,7 @@ def enforce(report: SelfTestReport, mode: str) -> None:
     first ones (mode 'error')."""
     if mode not in MODES:
         raise ValueError(f"reward.self_test must be one of {MODES}, got {mode!r}")
-    lines = [f"reward {r!r}" + (f", probe {p!r}" if p != "*" else "") + f": {why}" for r, p, why in report.flagged]
+    lines = [f"reward {r!r}" + (f", probe {p!r} {why}" if p != "*" else f": {why}") for r, p, why in report.flagged]
     if not lines or mode == "off":
         return
     if mode == "error":

@@ -44,7 +44,7 @@ def check_rewards(c, rollouts, dataset) -> SelfTestReport | None:
     if dist.is_main():
         turn = "\n(env.name: each probe stands for an episode's last model turn, what the reward functions score)"
         print(f"{report.format()}{turn if c.env.name else ''}\n(the start-up reward check took "
-              f"{report.total_s:.2f} s)", flush=True)
+              f"{report.total_s:.3f} s)", flush=True)
     enforce(report, c.reward.self_test)
     return report
 

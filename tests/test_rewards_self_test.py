@@ -80,6 +80,7 @@ def test_probes_of_small_and_textual_references_keep_the_reference_inside():
 def test_without_a_reference_only_the_reference_free_probes():
     p = st.build_probes("echo me", None, overlong_tokens=100, count_tokens=len)
     assert list(p) == ["empty", "echo", "overlong"] and p["overlong"][0].startswith("echo me echo me")
+    assert len(st.build_probes("", None, 100, lambda s: 0)["overlong"][0]) >= 100  # ends for any counter
 
 
 def test_overlong_counts_tokens_with_the_given_counter():

@@ -122,15 +122,16 @@ def build_probes(prompt: str, reference: str | None, overlong_tokens: int,
         probes["numbers"] = (" ".join(_candidates(reference)),)
         probes["boxed"] = (" ".join(f"\\boxed{{{x}}}" for x in (w[0], w[1], reference, w[2], w[3])),)
         probes["hedged"] = (f"The answer is {reference} or {w[0]}.", f"The answer is {w[0]} or {reference}.")
-    unit = " ".join(f"Perhaps it is {x}." for x in w) + " " if reference is not None else f"{prompt} "
+    unit = " ".join(f"Perhaps it is {x}." for x in w) + " " if reference is not None else f"{prompt.strip() or '...'} "
     probes["overlong"] = (_repeat_to(unit, overlong_tokens, count_tokens),)
     return probes
 
 
 def _repeat_to(unit: str, tokens: int, count_tokens: Callable[[str], int]) -> str:
-    """`unit` repeated until it counts at least `tokens` tokens."""
+    """`unit` repeated until it counts at least `tokens` tokens (bounded at 64 characters a token, for a
+    tokenizer that would count it as nothing)."""
     text = unit * max(1, math.ceil(tokens / max(1, count_tokens(unit))))
-    while count_tokens(text) < tokens:
+    while count_tokens(text) < tokens and len(text) < 64 * tokens:
         text += unit
     return text
 

@@ -273,6 +273,7 @@ def _validate_io(c) -> None:
     _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
+    _check(c, "reward.self_test", lambda v: v in ("warn", "error", "off"), "warn, error or off")
 
 
 def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:

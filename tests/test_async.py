@@ -168,7 +168,7 @@ def test_sigint_while_sampling_ahead_stops_cleanly_and_resumes_exactly(k2_run, t
 
     def digit_fraction(prompts, completions, **kw):
         calls.append(1)
-        if len(calls) == 4:  # batches 0, 1, 2 at the first step, 3 at the second
+        if len(calls) == 5:  # the start-up check; batches 0, 1, 2 at the first step, 3 at the second
             os.kill(os.getpid(), signal.SIGINT)
         return fixtures_rewards.digit_fraction(prompts, completions, **kw)
 

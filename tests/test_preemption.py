@@ -89,7 +89,7 @@ def test_python_api_raises_preempted_after_saving_and_restores_the_handlers(tmp_
 
     def interrupting_reward(prompts, completions, **_):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 3:  # the start-up reward check, step 1, step 2
             os.kill(os.getpid(), signal.SIGINT)
         return [0.5 * (i % 2) for i in range(len(completions))]
 

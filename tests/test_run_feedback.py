@@ -60,8 +60,12 @@ def _jsonl(path):
 
 
 def test_trl_style_rewards_get_every_column_per_row_and_the_trainer_state(run):
-    assert [(c["step"], c["max"]) for c in CALLS] == [(0, STEPS), (1, STEPS)]
-    for call in CALLS:
+    # The first call is the start-up reward check's (trainer/reward_check.py), on probe completions of a
+    # few rows, through the same inputs as training: every column, every trainer field.
+    assert [(c["step"], c["max"]) for c in CALLS] == [(0, STEPS), (0, STEPS), (1, STEPS)]
+    check, *training = CALLS
+    assert check["kwargs"] == training[0]["kwargs"] and set(check["solution"]) <= {r["solution"] for r in ROWS}
+    for call in training:
         groups = [call["solution"][i:i + G] for i in range(0, B * G, G)]
         assert len(groups) == B and all(len(set(g)) == 1 for g in groups)  # one prompt's value, repeated
         # **kwargs holds every input the function did not name: each dataset column and trainer field.
@@ -115,6 +119,16 @@ def _data_config():
     c = default_data_config()
     c.max_prompt_length = 16
     return c
+
+
+def test_the_reward_self_test_is_printed_first_and_logged_in_the_first_row(run):
+    wd, history, out = run
+    assert out.startswith("reward self-test: mean score of each probe over 4 dataset rows")
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:10]}
+    assert table["reference"] == ["1.000", "-0.200"] and table["empty"] == ["0.000", "-0.100"]
+    assert history[0]["reward/self_test/accuracy/reference"] == 1.0 and history[0]["reward/self_test/flagged"] == 0.0
+    assert not any(k.startswith("reward/self_test/") for k in history[1])
+    assert _jsonl(wd / "metrics.jsonl")[0]["reward/self_test/length/empty"] == pytest.approx(-0.1)
 
 
 def test_summary_is_printed_at_the_end(run):

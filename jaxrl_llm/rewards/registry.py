@@ -120,12 +120,14 @@ def get_reward_fn(spec: str | Callable[..., Any], **kwargs: Any) -> tuple[str, R
 class RewardBatch:
     """What `score_rewards` returns: scores (N,) float32, the weighted sum; metrics; components
     {name: (N,) float32 weighted values, 0 where None}; steps: per row, the (token index, weighted
-    reward) steps of process rewards, sorted by index ([] for rows without any)."""
+    reward) steps of process rewards, sorted by index ([] for rows without any); present: {name: (N,)
+    bool, False where the function returned None}."""
 
     scores: np.ndarray
     metrics: dict[str, float]
     components: dict[str, np.ndarray]
     steps: list[list[tuple[int, float]]]
+    present: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def compute_rewards(
@@ -180,6 +182,7 @@ def score_rewards(
     scores = np.zeros((n,), np.float32)
     metrics: dict[str, float] = {}
     components: dict[str, np.ndarray] = {}
+    present_of: dict[str, np.ndarray] = {}
     steps: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for name, fn, weight in reward_fns:
         values, present, errors, extra, fn_steps = _evaluate(name, fn, prompts, completions, columns, on_error)
@@ -187,6 +190,7 @@ def score_rewards(
         with np.errstate(over="ignore"):  # overflow is reported below, once, as an error
             components[name] = np.where(present, np.float32(weight) * values, np.float32(0.0))
             scores += components[name]
+        present_of[name] = present
         for i, row_steps in enumerate(fn_steps):
             steps[i].extend((t, float(np.float32(weight) * np.float32(r))) for t, r in row_steps)
         count = int(present.sum())
@@ -197,7 +201,7 @@ def score_rewards(
         metrics.update({f"reward/{name}/{key}": value for key, value in extra.items()})
     if not np.all(np.isfinite(scores)):
         raise ValueError("the weighted sum of rewards overflows float32; check the reward weights")
-    return RewardBatch(scores, metrics, components, [sorted(row) for row in steps])
+    return RewardBatch(scores, metrics, components, [sorted(row) for row in steps], present_of)
 
 
 # ----------------------------------------------------------------------------- evaluation

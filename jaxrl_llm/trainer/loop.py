@@ -1,7 +1,8 @@
 """The RL loop: `Trainer(config, workdir).run()`.
 
-  setup      validate the config -> workdir -> mesh -> tokenizer, model config -> policy/reference/value
-             parameters on the mesh -> train state -> rewards -> data -> checkpoint restore -> metric sinks
+  setup      validate the config -> workdir -> mesh -> rewards -> tokenizer, model config -> data -> the reward
+             check on probe completions (trainer/reward_check.py) -> policy/reference/value parameters on
+             the mesh -> train state -> checkpoint restore -> metric sinks
   each step  rollout (sample G completions per prompt, rewards, [DAPO resampling]) -> score pass
              (reference log-probs, old values) -> advantages -> E epochs x M minibatches of the jitted,
              state-donating update -> metrics, samples, checkpoint
@@ -43,7 +44,7 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, setup
+from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, reward_check, setup
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -91,11 +92,14 @@ class Trainer:
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
-        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
-        self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
+        # Every reward on probe completions of a few rows, before the parameters load or anything compiles.
+        self_test = reward_check.check_rewards(c, self.rollouts, dataset)
+        self.self_test_metrics = self_test.metrics() if self_test is not None else {}  # step 1's row
+        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
+        self._init_state(model_path)
         self.evaluator = self._evaluator(callables, eval_rows) if eval_rows is not None else None
         self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
         self.ckpt = Checkpointer(str(wd / "checkpoints"), max_to_keep=c.checkpoint.max_to_keep,
@@ -265,6 +269,8 @@ class Trainer:
             try:
                 for step in range(self.start_step, c.total_steps):
                     state, m, samples = self.train_step(state)
+                    if step == 0:  # a resumed run checks its rewards again but logs no second copy
+                        m.update(self.self_test_metrics)
                     if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0
                                                        or step + 1 == c.total_steps):
                         m.update(self.evaluator(self.policy(state), step=step + 1)[0])

@@ -126,10 +126,11 @@ class Rollouts:
         return self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
                                            skip_special_tokens=False)
 
-    def _reward_inputs(self, batch, local, step: int):
+    def _reward_inputs(self, batch, local, step: int, repeat: int = 0):
         """(prompts, columns) of every row, as the reward functions receive them: every dataset column
-        repeated over its group, and the trainer fields."""
-        G = self.c.rollout.group_size
+        repeated over its group (`repeat` rows per batch row, the group size by default), and the
+        trainer fields."""
+        G = repeat or self.c.rollout.group_size
         # Rewards see the user's prompt (a reward model applies its own chat template); the rendered
         # prompt is the `prompt_text` column.
         prompts = [p for p in batch["prompt_user"] for _ in range(G)]

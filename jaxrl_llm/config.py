@@ -72,6 +72,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature, also used by the trainer's log-probs
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0  # nucleus; 1.0 = off
+    c.rollout.min_p = 0.0  # keep tokens with probability >= min_p x the most likely one's (after top-p); 0 = off
+    c.rollout.repetition_penalty = 1.0  # logits of tokens in prompt+completion: /p if > 0, *p if < 0; 1 = off
     c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)

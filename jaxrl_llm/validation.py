@@ -117,6 +117,8 @@ def _validate_model_and_data(c) -> None:
     _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
     _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+    _check(c, r + "min_p", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1) (0 = off)")
+    _check(c, r + "repetition_penalty", lambda v: _is_num(v) and v > 0, "a number > 0 (1 = off)")
     rows = c.rollout.batch_prompts * c.rollout.group_size
     _check(c, r + "decode_slots", lambda v: _is_int(v) and 0 <= v <= rows,
            f"an int in [0, batch_prompts x group_size = {rows}] (0 = all rows)")

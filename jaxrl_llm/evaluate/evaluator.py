@@ -172,7 +172,9 @@ class Evaluator:
             r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
                          dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
                          max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                         repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                         eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=min(c.rollout.decode_slots, self.batch * k))  # a smaller batch: all its rows
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
@@ -192,7 +194,9 @@ class Evaluator:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, jax.random.fold_in(self.key, i),
                                  max_turns=c.env.max_turns, max_new_tokens=c.rollout.max_new_tokens,
                                  max_turn_tokens=c.env.max_turn_tokens, temperature=c.eval.temperature,
-                                 top_k=c.rollout.top_k, top_p=c.rollout.top_p, pad_id=self.pad_id,
+                                 top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                                 repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                                 pad_id=self.pad_id,
                                  max_workers=c.env.max_workers, group_size=k,
                                  stop_strings=tuple(c.env.stop_strings))
         turns = [len(t) for t in ep.texts]

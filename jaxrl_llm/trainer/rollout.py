@@ -55,7 +55,9 @@ class Rollouts:
         with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
                          num_samples=c.rollout.group_size, temperature=c.rollout.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                         repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                         eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=c.rollout.decode_slots)
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
@@ -94,6 +96,7 @@ class Rollouts:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, key, max_turns=c.env.max_turns,
                                  max_new_tokens=c.rollout.max_new_tokens, max_turn_tokens=c.env.max_turn_tokens,
                                  temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                                 repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                                  pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G,
                                  stop_strings=tuple(c.env.stop_strings))
         faults.point("sample")

@@ -202,7 +202,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
     c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
     c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task
-    c.eval.split = "test"  # split of eval.path
+    c.eval.split = "test"  # split of eval.path; a local file's one split is used when left at "test"
+    c.eval.holdout = 8  # data.path, no eval.path: 1 prompt in this many (by hash) held out, never trained; 0 = eval off
     c.eval.num_prompts = 128  # the first n held-out prompts, always the same ones; 0 = all
     c.eval.k = 8  # samples per prompt: pass@1, pass@2, pass@4, ..., pass@k and maj@k
     c.eval.temperature = 1.0  # 0 = greedy, then one sample per prompt (k = 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Mapping
 
 import ml_collections
@@ -354,9 +355,11 @@ def _validate_eval(c) -> None:
     _check(c, e + "rewards", lambda v: isinstance(v, str), "a string of comma-separated reward functions")
     if c.eval.rewards.strip() and not all(s.strip() for s in c.eval.rewards.split(",")):
         _fail(e + "rewards", "comma-separated reward names without empty entries", c.eval.rewards)
-    if c.eval.every_steps and not c.eval.path and not c.data.task:
-        _fail(e + "path", "a held-out dataset when data.path is the training data (only a built-in data.task "
-              "has a held-out split of its own)", c.eval.path)
-    if c.eval.path and c.eval.path == c.data.path and c.eval.split == c.data.split:
-        _fail(e + "split", f"another split than the training data's ({c.data.split!r} of {c.data.path!r})",
-              c.eval.split)
+    _check(c, e + "holdout", lambda v: _is_int(v) and v >= 0, "an int >= 0 (1 prompt in this many held out; 0 = none)")
+    if c.eval.holdout == 1 and not c.eval.path and not c.data.task:
+        _fail(e + "holdout", "an int >= 2 or 0: 1 would hold out every prompt of data.path", c.eval.holdout)
+    # A local file has one split ("train", whatever eval.split says): the same file is the training data.
+    local = isinstance(c.eval.path, str) and c.eval.path and os.path.isfile(os.path.expanduser(c.eval.path))
+    if c.eval.path and c.eval.path == c.data.path and (c.eval.split == c.data.split or local):
+        _fail(e + "path", f"other prompts than the training data ({c.data.split!r} of {c.data.path!r}); leave "
+              "eval.path empty to hold out 1 prompt in eval.holdout of data.path", c.eval.path)

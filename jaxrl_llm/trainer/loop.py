@@ -89,9 +89,10 @@ class Trainer:
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
         # The prompts before the parameters: a bad file fails before anything is compiled.
-        dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        dataset, self.data_stats, held_out = setup.load_data(c, self.tokenizer, rows)
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
-        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
+        evaluates = c.eval.every_steps and evaluate.eval_source(c)
+        eval_rows = evaluate.load_eval_data(c, self.tokenizer, held_out) if evaluates else None
         self._init_state(model_path)
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,

@@ -30,7 +30,8 @@ setup(
     ],
     extras_require={
         # torch runs transformers in parity tests only; library code never imports it.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "peft>=0.21"],  # peft: LoRA adapter parity
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "peft>=0.21",  # peft: LoRA adapter parity
+                 "wandb>=0.19"],  # log.wandb, offline
         # Workdirs on Google Cloud Storage (gs://): etils.epath and TensorBoard go through these.
         "gcs": ["gcsfs", "google-cloud-storage"],
     },

@@ -191,7 +191,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.samples_every = 10  # write a few prompt/completion/reward triples every k steps
     c.log.num_samples = 4
     c.log.tensorboard = True
-    c.log.progress = True  # tqdm progress bar
+    c.log.progress = True  # tqdm progress bar on a terminal; otherwise one line every log.progress_every_s
+    c.log.progress_every_s = 30.0  # seconds between progress lines when stderr is not a terminal (a log file)
+    c.log.wandb = False  # also log the scalars and the samples (a table) to Weights & Biases (pip install wandb)
+    c.log.wandb_project = "jaxrl_llm"  # W&B project
+    c.log.wandb_name = ""  # W&B run name; "" = W&B's own
+    c.log.wandb_entity = ""  # W&B entity (user or team); "" = your default
     c.log.peak_flops = 0.0  # per-device peak FLOP/s for perf/mfu; 0 = from the device kind
 
     c.export = ml_collections.ConfigDict()

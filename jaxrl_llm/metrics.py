@@ -1,5 +1,6 @@
 """Metric sinks of a run: `metrics.jsonl` (one line per step), TensorBoard (tensorboardX), `samples.jsonl`
-(prompt/completion/reward triples, also as TensorBoard text), and a PNG of the curves at the end.
+(prompt/completion/reward triples, also as TensorBoard text), W&B with `log.wandb` (jaxrl_llm/wandb_log.py:
+the scalars, the samples as a table), and a PNG of the curves at the end.
 
 Only process 0 writes. On resume from step s, lines of later steps (logged after the last checkpoint,
 before a crash) are dropped from the JSONL files and TensorBoard purges its later events, so every
@@ -93,10 +94,11 @@ class MetricsWriter:
     """Writes per-step scalars and samples. `resume_step`: drop anything logged after it.
 
     rewrite: keep the lines in memory and rewrite whole files (default: for URLs, which cannot append).
+    wandb: keyword arguments of `wandb_log.WandbSink` (project, name, entity, config) to log there too.
     """
 
     def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, resume_step: int = 0,
-                 rewrite: bool | None = None, sync_every_s: float = 60.0):
+                 rewrite: bool | None = None, sync_every_s: float = 60.0, wandb: dict | None = None):
         self.enabled = enabled
         wd = epath.Path(workdir)
         self.metrics_path = wd / "metrics.jsonl"
@@ -105,7 +107,7 @@ class MetricsWriter:
         self.sync_every_s = sync_every_s
         self._lines: dict[epath.Path, list[str]] = {}
         self._synced = time.monotonic()
-        self.tb = None
+        self.tb = self.wandb = None
         if not enabled:
             return
         for path in (self.metrics_path, self.samples_path):
@@ -115,6 +117,9 @@ class MetricsWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(str(wd / "tb"), purge_step=resume_step + 1 if resume_step else None)
+        if wandb is not None:
+            from jaxrl_llm.wandb_log import WandbSink
+            self.wandb = WandbSink(workdir, **wandb)
 
     def _append(self, path: epath.Path, lines: list[str]):
         if not self.rewrite:
@@ -140,6 +145,8 @@ class MetricsWriter:
             for k, v in scalars.items():
                 if k != "step" and isinstance(v, (int, float, np.floating, np.integer)):
                     self.tb.add_scalar(tensorboard_tag(k), float(v), int(step))
+        if self.wandb is not None:
+            self.wandb.log(step, scalars)
 
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:
@@ -151,6 +158,8 @@ class MetricsWriter:
                                + (f"**reference:** `{s['reference']}`  \n" if "reference" in s else "")
                                + f"**reward:** {s['reward']:.4f}" for s in samples)
             self.tb.add_text("samples", text, int(step))
+        if self.wandb is not None:
+            self.wandb.log_samples(step, samples)
 
     def flush(self):
         if self.enabled and self.rewrite:
@@ -163,6 +172,9 @@ class MetricsWriter:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -274,6 +274,10 @@ def _validate_io(c) -> None:
     _check(c, "log.samples_every", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = never)")
     _check(c, "log.num_samples", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "log.progress_every_s", lambda v: _is_num(v) and v > 0, "a number of seconds > 0")
+    _check(c, "log.wandb", lambda v: isinstance(v, bool), "True or False")
+    for f in ("wandb_project", "wandb_name", "wandb_entity"):
+        _check(c, "log." + f, lambda v: isinstance(v, str), "a string")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
 

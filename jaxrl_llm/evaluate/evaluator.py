@@ -88,7 +88,8 @@ def load_eval_data(c, tokenizer, held_out=None):
             message = " ".join(str(e).split()).replace("data.path", "eval.path").replace("data.split", "eval.split")
             hint = (" (a local file has one split, 'train': leave eval.split at its default)"
                     if local and "split" in message.replace(f"(split {d.split!r})", "") else "")
-            prefix = "" if message.startswith("eval.") else f"config.eval.path {c.eval.path!r} (split {d.split!r}): "
+            prefix = ("config." if message.startswith("eval.") else
+                      f"config.eval.path {c.eval.path!r} (split {d.split!r}): ")
             raise ValueError(f"{prefix}{message}{hint}") from None
     elif source == "task":
         raw = load_task(c.data.task, n or c.data.task_rows, c.seed, tuple(c.data.task_weights), split="test")

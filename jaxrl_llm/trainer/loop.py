@@ -104,8 +104,10 @@ class Trainer:
         self.start_step = self._restore()
         self._build_producer()
         write_run_files(wd, c, config_to_hf_dict(self.mc, c.model.dtype), self.tokenizer)
+        wandb = (dict(project=c.log.wandb_project, name=c.log.wandb_name, entity=c.log.wandb_entity,
+                      config=c.to_dict()) if c.log.wandb else None)
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
-                                                resume_step=self.start_step)
+                                                resume_step=self.start_step, wandb=wandb)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,

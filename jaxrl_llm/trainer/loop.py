@@ -255,7 +255,8 @@ class Trainer:
         c = self.c
         t0 = time.perf_counter()
         state, history = self.state, []
-        progress = feedback.Progress(c.total_steps, self.start_step, c.algo, enabled=c.log.progress and dist.is_main())
+        progress = feedback.Progress(c.total_steps, self.start_step, c.algo, enabled=c.log.progress and dist.is_main(),
+                                     every_s=c.log.progress_every_s)
         if self.evaluator is not None and self.start_step == 0:
             # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
             # one row per training step.

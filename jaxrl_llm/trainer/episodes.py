@@ -30,7 +30,8 @@ class Episodes:
     the model's tokens only (trained); logprobs (N,T) the sampler's, 0 off `mask`; behavior_logprobs (N,T)
     of the distribution each token was drawn from (top-k/top-p; = logprobs without them); truncated (N,)
     bool: the episode's token budget ran out (its last turn filled it, or an observation did not fit);
-    rewards (N,) the sum of each episode's turn rewards; metrics: `EpisodeBatch.metrics()`; texts: each episode's turn texts."""
+    rewards (N,) the sum of each episode's turn rewards; metrics: `EpisodeBatch.metrics()`; texts: each episode's turn texts;
+    prompts: each episode's prompt as `reset()` returned it (a string or a message list: what the logs show)."""
 
     prompt_tokens: np.ndarray
     prompt_mask: np.ndarray
@@ -43,6 +44,7 @@ class Episodes:
     rewards: np.ndarray
     metrics: dict[str, float]
     texts: list[list[str]]
+    prompts: list = dataclasses.field(default_factory=list)
 
     def finals(self) -> list[str]:
         """Each episode's last model turn: the text the reward functions judge."""
@@ -172,4 +174,4 @@ def _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, t) -> Episod
         logprobs[i, model] = [a for a, _ in logps[i]]
         behavior[i, model] = [b for _, b in logps[i]]
     return Episodes(prompt_tokens, prompt_mask, tokens, attention, mask, logprobs, behavior,
-                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(), texts)
+                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(), texts, list(batch.prompts))

@@ -104,12 +104,11 @@ class Rollouts:
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
                  "truncated": ep.truncated}
-        # The turn reward means of every turn up to max_turns (0 where no episode reached it): every step
-        # and every process reports the same keys.
-        metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
+        # env/reward/turn{k}/mean only for the turns some episode reached (episodes run on one process).
         prompts, columns = self._reward_inputs(batch, local, step)
-        local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, metrics)
-        scored["completions"] = ep.decoded(self.tokenizer)  # the log shows the whole episode
+        local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, ep.metrics)
+        # The log shows the whole episode after the prompt reset() gave it (the rewards get the column).
+        scored["completions"], scored["prompts"] = ep.decoded(self.tokenizer), ep.prompts
         return local, scored
 
     def _filter_scores(self, rewards):

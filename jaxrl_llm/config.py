@@ -72,6 +72,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature, also used by the trainer's log-probs
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0  # nucleus; 1.0 = off
+    c.rollout.min_p = 0.0  # keep tokens with probability >= min_p x the most likely one's (after top-p); 0 = off
+    c.rollout.repetition_penalty = 1.0  # logits of tokens in prompt+completion: /p if > 0, *p if < 0; 1 = off
     c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
@@ -190,7 +192,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.samples_every = 10  # write a few prompt/completion/reward triples every k steps
     c.log.num_samples = 4
     c.log.tensorboard = True
-    c.log.progress = True  # tqdm progress bar
+    c.log.progress = True  # tqdm progress bar on a terminal; otherwise one line every log.progress_every_s
+    c.log.progress_every_s = 30.0  # seconds between progress lines when stderr is not a terminal (a log file)
+    c.log.wandb = False  # also log the scalars and the samples (a table) to Weights & Biases (pip install wandb)
+    c.log.wandb_project = "jaxrl_llm"  # W&B project
+    c.log.wandb_name = ""  # W&B run name; "" = W&B's own
+    c.log.wandb_entity = ""  # W&B entity (user or team); "" = your default
     c.log.peak_flops = 0.0  # per-device peak FLOP/s for perf/mfu; 0 = from the device kind
 
     c.export = ml_collections.ConfigDict()
@@ -201,7 +208,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
     c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
     c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task
-    c.eval.split = "test"  # split of eval.path
+    c.eval.split = "test"  # split of eval.path; a local file's one split is used when left at "test"
+    c.eval.holdout = 8  # data.path, no eval.path: 1 prompt in this many (by hash) held out, never trained; 0 = eval off
     c.eval.num_prompts = 128  # the first n held-out prompts, always the same ones; 0 = all
     c.eval.k = 8  # samples per prompt: pass@1, pass@2, pass@4, ..., pass@k and maj@k
     c.eval.temperature = 1.0  # 0 = greedy, then one sample per prompt (k = 1)

@@ -60,7 +60,7 @@ def export(workdir: str, out: str, step: int | None = None, dtype: str = "", ada
     writes = [(out, lambda path: save_hf(path, mc, lora.merge(mc, params), tokenizer=tokenizer, dtype=dtype or None))]
     if base is not None:
         adapters = lora.split(params)[1]
-        writes.append((adapter_out or out.rstrip("/") + "_adapter",
+        writes.append((adapter_dir(out, adapter_out),
                        lambda path: save_peft_adapter(path, mc, adapters, c.model.path, dtype or None)))
     with tempfile.TemporaryDirectory(prefix="jaxrl_llm-tok-") as tmp:
         tokenizer = None
@@ -73,6 +73,16 @@ def export(workdir: str, out: str, step: int | None = None, dtype: str = "", ada
             else:
                 write(target)  # atomic in place
     return step
+
+
+def adapter_dir(out: str, adapter_out: str | None) -> str:
+    """Where a LoRA run's PEFT adapter goes: --adapter_out, default <out>_adapter."""
+    return adapter_out or out.rstrip("/") + "_adapter"
+
+
+def _lora_run(wd: epath.Path) -> bool:
+    """Whether the run of `wd` trained LoRA adapters (config.json's lora.rank > 0)."""
+    return json.loads((wd / "config.json").read_text(encoding="utf-8")).get("lora", {}).get("rank", 0) > 0
 
 
 def _lora_base(wd: epath.Path, mc):
@@ -100,6 +110,8 @@ def main(argv):
             raise ValueError("--workdir and --out are required")
         step = export(_WORKDIR.value, _OUT.value, _STEP.value, _DTYPE.value, _ADAPTER_OUT.value)
         print(f"exported step {step} of {_WORKDIR.value} to {_OUT.value}")
+        if _lora_run(epath.Path(_WORKDIR.value)):
+            print(f"  its LoRA adapter (PEFT) to {adapter_dir(_OUT.value, _ADAPTER_OUT.value)}")
 
     run_cli(go, _VERBOSE.value, "jaxrl_llm.export")
 

@@ -1,5 +1,6 @@
 """Metric sinks of a run: `metrics.jsonl` (one line per step), TensorBoard (tensorboardX), `samples.jsonl`
-(prompt/completion/reward triples, also as TensorBoard text), and a PNG of the curves at the end.
+(prompt/completion/reward triples, also as TensorBoard text), W&B with `log.wandb` (jaxrl_llm/wandb_log.py:
+the scalars, the samples as a table), and a PNG of the curves at the end.
 
 Only process 0 writes. On resume from step s, lines of later steps (logged after the last checkpoint,
 before a crash) are dropped from the JSONL files and TensorBoard purges its later events, so every
@@ -93,10 +94,11 @@ class MetricsWriter:
     """Writes per-step scalars and samples. `resume_step`: drop anything logged after it.
 
     rewrite: keep the lines in memory and rewrite whole files (default: for URLs, which cannot append).
+    wandb: keyword arguments of `wandb_log.WandbSink` (project, name, entity, config) to log there too.
     """
 
     def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, resume_step: int = 0,
-                 rewrite: bool | None = None, sync_every_s: float = 60.0):
+                 rewrite: bool | None = None, sync_every_s: float = 60.0, wandb: dict | None = None):
         self.enabled = enabled
         wd = epath.Path(workdir)
         self.metrics_path = wd / "metrics.jsonl"
@@ -105,7 +107,7 @@ class MetricsWriter:
         self.sync_every_s = sync_every_s
         self._lines: dict[epath.Path, list[str]] = {}
         self._synced = time.monotonic()
-        self.tb = None
+        self.tb = self.wandb = None
         if not enabled:
             return
         for path in (self.metrics_path, self.samples_path):
@@ -115,6 +117,9 @@ class MetricsWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(str(wd / "tb"), purge_step=resume_step + 1 if resume_step else None)
+        if wandb is not None:
+            from jaxrl_llm.wandb_log import WandbSink
+            self.wandb = WandbSink(workdir, **wandb)
 
     def _append(self, path: epath.Path, lines: list[str]):
         if not self.rewrite:
@@ -140,6 +145,8 @@ class MetricsWriter:
             for k, v in scalars.items():
                 if k != "step" and isinstance(v, (int, float, np.floating, np.integer)):
                     self.tb.add_scalar(tensorboard_tag(k), float(v), int(step))
+        if self.wandb is not None:
+            self.wandb.log(step, scalars)
 
     def write_samples(self, step: int, samples: list[dict]):
         if not self.enabled or not samples:
@@ -151,6 +158,8 @@ class MetricsWriter:
                                + (f"**reference:** `{s['reference']}`  \n" if "reference" in s else "")
                                + f"**reward:** {s['reward']:.4f}" for s in samples)
             self.tb.add_text("samples", text, int(step))
+        if self.wandb is not None:
+            self.wandb.log_samples(step, samples)
 
     def flush(self):
         if self.enabled and self.rewrite:
@@ -163,6 +172,9 @@ class MetricsWriter:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -178,31 +190,61 @@ def held_out_keys(rows: list[dict]) -> list[str]:
     return out + sorted(k for k in names if k.startswith("eval/maj@"))
 
 
-def plot_curves(metrics_path: str, out_png: str,
-                keys=("reward/mean", "kl/ref", "response_length/mean")) -> str:
-    """A PNG with one panel per metric (reward, KL, response length) against the step, and a panel of
-    the held-out evaluation (`eval/pass@1`, the largest `eval/pass@k` and `eval/maj@k`, beside the
-    training reward) when the run logged one."""
+def smooth(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average whose start is debiased (the first point is
+    itself, not weight x 0), so a short run's curve does not start at zero. weight in [0, 1)."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight ** i))
+    return out
+
+
+def curve_panels(rows: list[dict]) -> list[tuple[str, tuple[str, ...]]]:
+    """(title, metric names) of each panel of curves.png that the rows have data for: the reward, each
+    reward function's mean, KL, response length, truncation rate, entropy, and the held-out evaluation."""
+    names = {k for r in rows for k, v in r.items() if isinstance(v, (int, float))}
+    per_fn = sorted(k for k in names if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2)
+    panels = [("reward/mean", ("reward/mean",))]
+    panels += [(k, (k,)) for k in per_fn] if len(per_fn) > 1 else []  # one function: it is reward/mean
+    panels += [(k, (k,)) for k in ("kl/ref", "response_length/mean")]
+    panels.append(("truncated (response_length/clip_ratio)", ("response_length/clip_ratio",)))
+    panels.append(("policy/entropy", ("policy/entropy",)))
+    held_out = held_out_keys(rows)
+    panels += [("held-out evaluation", ("reward/mean", *held_out))] if held_out else []
+    return [(t, keys) for t, keys in panels if any(k in names for k in keys)]
+
+
+def plot_curves(metrics_path: str, out_png: str, smoothing: float = 0.6) -> str:
+    """A PNG of the run's curves against the step (`curve_panels`): each training metric faint as logged
+    and bold smoothed (`smooth`, weight `smoothing`), the held-out points marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = read_metrics(metrics_path)
-    held_out = held_out_keys(rows)
-    panels = [(key, (key,)) for key in keys] + ([("held-out evaluation", ("reward/mean", *held_out))]
-                                                 if held_out else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.2))
-    for ax, (title, lines) in zip(np.atleast_1d(axes), panels):
+    panels = curve_panels(rows)
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (title, lines) in zip(axes.ravel(), panels):
         for key in lines:
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if pts:
-                sparse = key.startswith("eval/")  # a few points: marked
-                ax.plot(*zip(*pts), lw=1.2, marker="o" if sparse else None, ms=3,
-                        alpha=1.0 if sparse or len(lines) == 1 else 0.4, label=key)
+            if not pts:
+                continue
+            steps, values = zip(*pts)
+            if key.startswith("eval/"):  # a few points: marked, never smoothed
+                ax.plot(steps, values, lw=1.2, marker="o", ms=3, label=key)
+                continue
+            line, = ax.plot(steps, values, lw=0.8, alpha=0.3)
+            ax.plot(steps, smooth(list(values), smoothing), lw=1.4, color=line.get_color(),
+                    label=f"{key} (smoothed)" if len(lines) > 1 else None)
         if len(lines) > 1:
             ax.legend(fontsize=7)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
     fig.tight_layout()
     png = io.BytesIO()  # through epath: the workdir may be gs://
     fig.savefig(png, format="png", dpi=110)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Mapping
 
 import ml_collections
@@ -117,6 +118,8 @@ def _validate_model_and_data(c) -> None:
     _check(c, r + "temperature", lambda v: _is_num(v) and v > 0, "a number > 0 (RL samples; greedy has no log-probs)")
     _check(c, r + "top_k", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, r + "top_p", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+    _check(c, r + "min_p", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1) (0 = off)")
+    _check(c, r + "repetition_penalty", lambda v: _is_num(v) and v > 0, "a number > 0 (1 = off)")
     rows = c.rollout.batch_prompts * c.rollout.group_size
     _check(c, r + "decode_slots", lambda v: _is_int(v) and 0 <= v <= rows,
            f"an int in [0, batch_prompts x group_size = {rows}] (0 = all rows)")
@@ -271,6 +274,10 @@ def _validate_io(c) -> None:
     _check(c, "log.samples_every", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = never)")
     _check(c, "log.num_samples", lambda v: _is_int(v) and v >= 0, "an int >= 0")
     _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "log.progress_every_s", lambda v: _is_num(v) and v > 0, "a number of seconds > 0")
+    _check(c, "log.wandb", lambda v: isinstance(v, bool), "True or False")
+    for f in ("wandb_project", "wandb_name", "wandb_entity"):
+        _check(c, "log." + f, lambda v: isinstance(v, str), "a string")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
     _check(c, "reward.self_test", lambda v: v in ("warn", "error", "off"), "warn, error or off")
@@ -353,9 +360,11 @@ def _validate_eval(c) -> None:
     _check(c, e + "rewards", lambda v: isinstance(v, str), "a string of comma-separated reward functions")
     if c.eval.rewards.strip() and not all(s.strip() for s in c.eval.rewards.split(",")):
         _fail(e + "rewards", "comma-separated reward names without empty entries", c.eval.rewards)
-    if c.eval.every_steps and not c.eval.path and not c.data.task:
-        _fail(e + "path", "a held-out dataset when data.path is the training data (only a built-in data.task "
-              "has a held-out split of its own)", c.eval.path)
-    if c.eval.path and c.eval.path == c.data.path and c.eval.split == c.data.split:
-        _fail(e + "split", f"another split than the training data's ({c.data.split!r} of {c.data.path!r})",
-              c.eval.split)
+    _check(c, e + "holdout", lambda v: _is_int(v) and v >= 0, "an int >= 0 (1 prompt in this many held out; 0 = none)")
+    if c.eval.holdout == 1 and not c.eval.path and not c.data.task:
+        _fail(e + "holdout", "an int >= 2 or 0: 1 would hold out every prompt of data.path", c.eval.holdout)
+    # A local file has one split ("train", whatever eval.split says): the same file is the training data.
+    local = isinstance(c.eval.path, str) and c.eval.path and os.path.isfile(os.path.expanduser(c.eval.path))
+    if c.eval.path and c.eval.path == c.data.path and (c.eval.split == c.data.split or local):
+        _fail(e + "path", f"other prompts than the training data ({c.data.split!r} of {c.data.path!r}); leave "
+              "eval.path empty to hold out 1 prompt in eval.holdout of data.path", c.eval.path)

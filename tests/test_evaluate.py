@@ -230,9 +230,10 @@ def test_eval_rewards_default_to_training_ones_without_overlong_shaping():
     ({"eval.correct_threshold": float("nan")}, "config.eval.correct_threshold must be a finite number"),
     ({"eval.split": ""}, "config.eval.split must be a split name"),
     ({"eval.rewards": "digit_puzzles,,format"}, "config.eval.rewards must be comma-separated"),
-    ({"eval.every_steps": 5, "data.task": "", "data.path": "gsm8k"}, "config.eval.path must be a held-out dataset"),
+    ({"eval.holdout": -1}, "config.eval.holdout must be an int >= 0"),
+    ({"eval.holdout": 1, "data.task": "", "data.path": "gsm8k"}, "config.eval.holdout must be an int >= 2 or 0"),
     ({"eval.path": "gsm8k", "eval.split": "train", "data.task": "", "data.path": "gsm8k"},
-     "config.eval.split must be another split"),
+     "config.eval.path must be other prompts than the training data"),
     ({"eval.kk": 3}, "config.eval.kk is not a config field; did you mean eval.k"),
 ])
 def test_bad_eval_fields_are_one_line_errors(values, message):

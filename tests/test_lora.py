@@ -237,6 +237,7 @@ def test_exports_load_in_transformers_and_peft(run, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jaxrl_llm.export", f"--workdir={work}", f"--out={tmp_path / 'hf'}"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert f"its LoRA adapter (PEFT) to {tmp_path / 'hf_adapter'}" in proc.stdout
     for name, file in (("hf", "model.safetensors"), ("hf_adapter", "adapter_model.safetensors")):
         a, b = load_file(str(work / name / file)), load_file(str(tmp_path / "hf" if name == "hf" else
                                                                      tmp_path / "hf_adapter") + "/" + file)

@@ -148,8 +148,13 @@ def test_summary_smooths_the_reward_and_reports_the_held_out_score(tmp_path):
     assert f"export      {tmp_path / 'hf'}" in text and "in 40 s (setup 3 s)" in text
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_the_eta_leaves_out_the_first_step():
-    out = io.StringIO()
+    out = _Terminal()  # a terminal: the tqdm bar (a log file gets lines: tests/test_feedback_lines.py)
     progress = feedback.Progress(10, 0, "grpo", file=out)
     time.sleep(0.5)  # the first step: compilation
     m = {"reward/mean": 0.0, "perf/sample_tokens_per_s": 1.0}

@@ -22,7 +22,7 @@ from jaxrl_llm.trainer.steps import logp_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_METRICS = {"env/turns/mean", "env/tool_calls/mean", "env/errors/mean", "env/aborted_frac", "env/reward/mean",
-               "env/reward/turn1/mean", "env/reward/turn4/mean", "sampler/logp_diff_max", "reward/mean"}
+               "env/reward/turn1/mean", "sampler/logp_diff_max", "reward/mean"}  # turn k > 1: when reached
 
 
 def _load(name):

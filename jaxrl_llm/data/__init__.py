@@ -16,6 +16,8 @@ _EXPORTS = {
     "reward_columns": "config",
     "default_data_config": "config",
     "validate_data_config": "config",
+    "held_out_rows": "holdout",
+    "split_held_out": "holdout",
     "load_prompt_dataset": "loading",
     "load_raw_dataset": "loading",
     "prepare_prompts": "loading",

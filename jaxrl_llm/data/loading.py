@@ -272,12 +272,30 @@ def prepare_prompts(
         "data/truncated": int(too_long.sum()) if policy == "truncate_left" else 0,
         "data/prompt_length_max": int(kept_lengths.max()),
     }
+    _warn_cut_and_empty(dataset, config, stats, max_length)
     logger.info(
         "prompts: %d rows of %d kept (%d dropped as too long, %d truncated), longest %d tokens; chat template: %s",
         stats["data/rows"], stats["data/rows_loaded"], stats["data/dropped_too_long"], stats["data/truncated"],
         stats["data/prompt_length_max"], chat,
     )
     return prepared, stats
+
+
+def _warn_cut_and_empty(dataset: datasets.Dataset, config, stats: dict[str, int], max_length: int) -> None:
+    """Warnings for what trains on other prompts than the data's: most prompts cut by 'truncate_left'
+    (the model never sees their beginning, often the question), and conversations holding messages
+    with empty content (an export that lost its text)."""
+    cut, rows = stats["data/truncated"], stats["data/rows_loaded"]
+    if cut * 2 > rows:
+        logger.warning("data.max_prompt_length=%d cut %d of the %d prompts (data.max_prompt_length_policy="
+                       "'truncate_left' keeps their last tokens): raise data.max_prompt_length", max_length, cut, rows)
+    if config.prompt_template or config.prompt_column not in dataset.column_names:
+        return
+    empty = sum(1 for v in dataset[config.prompt_column] if prompts_lib.is_conversation(v)
+                and any(not str(m.get("content") or "").strip() for m in v))
+    if empty:
+        logger.warning("%d of the %d conversations in data.prompt_column %r hold a message with empty content",
+                       empty, rows, config.prompt_column)
 
 
 def load_prompt_dataset(

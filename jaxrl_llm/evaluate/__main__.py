@@ -1,10 +1,13 @@
 """Command line of held-out evaluation: a checkpoint of a run, or any Hugging Face model.
 
-  python -m jaxrl_llm.evaluate --workdir=DIR [--step=N] [--out=OUT]
+  python -m jaxrl_llm.evaluate --workdir=DIR [--step=N] [--out=OUT] [--config.eval.path=FILE ...]
   python -m jaxrl_llm.evaluate --model=HF_DIR --config=configs/FILE.py[:arg] --out=OUT [--config.eval.k=16 ...]
 
 With --workdir the run's own config (config.json) decides everything, so a checkpoint evaluated here
-gives the numbers the loop logged for that step (eval.every_steps on, same mesh). With --model the
+gives the numbers the loop logged for that step (eval.every_steps on, same mesh); `--config.eval.*`
+overrides change the evaluation only (another held-out set, k, temperature, ...). A run trained on its
+own data.path without eval.path held out 1 prompt in eval.holdout when it evaluated periodically: that
+slice is its held-out set here too. With --model the
 config file names the data, rewards and eval section, and the model is HF_DIR (e.g. the base model
 before training). Prints a table; writes the report `<name>.json` and every sample `<name>.samples.jsonl`
 to OUT (default DIR/eval), name `step_<N>` or `model`. Deterministic given the seed. Multi-host like
@@ -33,9 +36,51 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "Multi-host: index of this 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Full tracebacks.")
 
 
-def run_config(workdir: str | None, model: str | None, config):
+_EVAL_OVERRIDES: list[str] = []  # --config.eval.* arguments given with --workdir (no config file to apply them to)
+
+
+def parse_flags(argv):
+    """absl's parse, after taking the `--config.*` overrides out of argv when --workdir comes without a
+    config file: `run_config` applies them to the run's config.json."""
+    config_file = any(a == "--config" or a.startswith("--config=") for a in argv)
+    if any(a.startswith("--workdir") for a in argv) and not config_file:
+        _EVAL_OVERRIDES[:] = [a for a in argv[1:] if a.startswith("--config.")]
+        argv = [a for a in argv if not a.startswith("--config.")]
+    return flags_parser("jaxrl_llm.evaluate")(argv)
+
+
+def eval_overrides(c, overrides):
+    """`c` with `--config.eval.X=V` arguments applied (V read as the field's type); anything but an eval.*
+    field (or eval.holdout, which decided what the run trained on) is refused in one line."""
+    from jaxrl_llm import config as config_lib
+    from jaxrl_llm.validation import get_path
+
+    values = {}
+    for arg in overrides:
+        key, sep, text = arg[len("--config."):].partition("=")
+        if not key.startswith("eval.") or key == "eval.holdout" or not sep:
+            raise ValueError(f"{arg}: with --workdir only --config.eval.<field>=<value> overrides are accepted (not "
+                             "eval.holdout); the rest is the run's config.json")
+        try:
+            current = get_path(c, key)
+        except (KeyError, AttributeError):
+            current = None
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{arg}: config.{key} expects true or false")
+            values[key] = text.lower() in ("true", "1")
+        else:
+            try:
+                values[key] = type(current)(text) if isinstance(current, (int, float)) else text
+            except ValueError:
+                raise ValueError(f"{arg}: config.{key} expects a {type(current).__name__}") from None
+    return config_lib.prepare(config_lib.from_dict(values, c)) if values else c
+
+
+def run_config(workdir: str | None, model: str | None, config, overrides=()):
     """(the prepared config, where the parameters come from) from the flags, checked before any load."""
     from jaxrl_llm import config as config_lib
+    from jaxrl_llm.evaluate import eval_source
 
     if bool(workdir) == bool(model):
         raise ValueError("give either --workdir (a run's checkpoint) or --model with --config (a HF model)")
@@ -46,7 +91,16 @@ def run_config(workdir: str | None, model: str | None, config):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: not found; is {workdir} the workdir of a jaxrl_llm run?")
         values = json.loads(path.read_text(encoding="utf-8"))
-        return config_lib.prepare(config_lib.from_dict(values)), "checkpoint"
+        run = config_lib.prepare(config_lib.from_dict(values))
+        c = eval_overrides(run, overrides)
+        if eval_source(c) == "holdout":
+            if not run.eval.every_steps:
+                raise ValueError("the run did not evaluate periodically (eval.every_steps=0), so it trained on "
+                                 "every prompt of data.path: give held-out prompts with --config.eval.path=FILE")
+            if run.data.path.startswith("<in-memory"):
+                raise ValueError("the run's prompts were given in Python (dataset=): its held-out slice cannot "
+                                 "be read back; give held-out prompts with --config.eval.path=FILE")
+        return c, "checkpoint"
     if config is None:
         raise ValueError("--model needs --config (the data, rewards and eval section), e.g. --config=configs/tiny.py")
     c = config_lib.from_dict({"model.path": model}, config)
@@ -103,7 +157,7 @@ def main(argv):
     setup_logging(_VERBOSE.value)
 
     def go():
-        c, source = run_config(_WORKDIR.value, _MODEL.value, _CONFIG.value)
+        c, source = run_config(_WORKDIR.value, _MODEL.value, _CONFIG.value, _EVAL_OVERRIDES)
         out = _OUT.value or (str(epath.Path(_WORKDIR.value) / "eval") if _WORKDIR.value else None)
         if not out:
             raise ValueError("--out is required with --model")
@@ -123,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=flags_parser("jaxrl_llm.evaluate"))
+    app.run(main, flags_parser=parse_flags)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 
 import jax
@@ -56,29 +57,52 @@ def reward_config(c):
     return e
 
 
-def load_eval_data(c, tokenizer):
+def eval_source(c) -> str | None:
+    """Where the held-out prompts come from: "path" (eval.path), "task" (the built-in task's test split),
+    "holdout" (the rows of data.path whose prompt hashes to 0 mod eval.holdout: data/holdout.py), or
+    None (nowhere: periodic evaluation is off)."""
+    if c.eval.path:
+        return "path"
+    if c.data.task:
+        return "task"
+    return "holdout" if c.eval.holdout else None
+
+
+def load_eval_data(c, tokenizer, held_out=None):
     """The held-out prompts, tokenized like the training data: the first eval.num_prompts rows of
-    eval.path/eval.split, or of the held-out "test" split of the built-in data.task (its `level`
-    column kept for the per-level breakdown)."""
-    from jaxrl_llm.data import load_prompt_dataset, prepare_prompts
+    eval.path/eval.split (a local file's one split when eval.split is left at "test"), of the held-out
+    "test" split of the built-in data.task (its `level` column kept for the per-level breakdown), or of
+    the held-out slice of data.path (`held_out`, the trainer's, when given)."""
+    from jaxrl_llm.data import load_prompt_dataset, prepare_prompts, split_held_out
     from jaxrl_llm.data.tasks import load_task
 
     d = copy.deepcopy(c.data)
     n = c.eval.num_prompts
-    if c.eval.path:
-        d.path, d.split = c.eval.path, c.eval.split
+    source = eval_source(c)
+    if source == "path":
+        local = os.path.isfile(os.path.expanduser(c.eval.path))
+        d.path, d.split = c.eval.path, "train" if local and c.eval.split == "test" else c.eval.split
         try:
             dataset, _ = load_prompt_dataset(d, tokenizer)
         except (ValueError, FileNotFoundError) as e:  # name the eval fields, not the data ones
             message = " ".join(str(e).split()).replace("data.path", "eval.path").replace("data.split", "eval.split")
-            raise ValueError(f"config.eval.path {c.eval.path!r} (split {c.eval.split!r}): {message}") from None
-    elif c.data.task:
+            hint = (" (a local file has one split, 'train': leave eval.split at its default)"
+                    if local and "split" in message.replace(f"(split {d.split!r})", "") else "")
+            prefix = ("config." if message.startswith("eval.") else
+                      f"config.eval.path {c.eval.path!r} (split {d.split!r}): ")
+            raise ValueError(f"{prefix}{message}{hint}") from None
+    elif source == "task":
         raw = load_task(c.data.task, n or c.data.task_rows, c.seed, tuple(c.data.task_weights), split="test")
         if "level" in raw.column_names and "level" not in d.extra_columns:
             d.extra_columns = (*d.extra_columns, "level")
         dataset, _ = prepare_prompts(raw, d, tokenizer)
+    elif source == "holdout":
+        if held_out is None:
+            held_out = split_held_out(load_prompt_dataset(d, tokenizer)[0], d.prompt_column, c.eval.holdout, d.path)[1]
+        dataset = held_out
     else:
-        raise ValueError("config.eval.path is empty and there is no data.task: name the held-out prompts")
+        raise ValueError("config.eval.path is empty, there is no data.task and eval.holdout is 0: name the held-out "
+                         "prompts with eval.path")
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
 
 
@@ -172,7 +196,9 @@ class Evaluator:
             r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
                          dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
                          max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                         repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                         eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=min(c.rollout.decode_slots, self.batch * k))  # a smaller batch: all its rows
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
@@ -192,7 +218,9 @@ class Evaluator:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, jax.random.fold_in(self.key, i),
                                  max_turns=c.env.max_turns, max_new_tokens=c.rollout.max_new_tokens,
                                  max_turn_tokens=c.env.max_turn_tokens, temperature=c.eval.temperature,
-                                 top_k=c.rollout.top_k, top_p=c.rollout.top_p, pad_id=self.pad_id,
+                                 top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                                 repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                                 pad_id=self.pad_id,
                                  max_workers=c.env.max_workers, group_size=k,
                                  stop_strings=tuple(c.env.stop_strings))
         turns = [len(t) for t in ep.texts]

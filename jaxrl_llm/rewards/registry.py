@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import logging
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -30,8 +31,10 @@ from jaxrl_llm.rewards.returns import RewardError, RewardScores, extra_metrics, 
 
 RewardFn = Callable[..., Sequence[Any]]
 
+logger = logging.getLogger(__name__)
 # name -> (object, is_factory). A factory takes configuration kwargs and returns a reward function.
 _REGISTRY: dict[str, tuple[Callable[..., Any], bool]] = {}
+_WARNED_ALL_NONE: set[str] = set()  # reward names already warned about (once per process)
 _FACTORY_ATTR = "__jaxrl_reward_factory__"
 # Built-ins whose module is heavy (JAX models): imported, hence registered, on first use by name.
 _LAZY_BUILTINS = {"reward_model": "jaxrl_llm.rewards.model"}
@@ -194,6 +197,10 @@ def score_rewards(
         for i, row_steps in enumerate(fn_steps):
             steps[i].extend((t, float(np.float32(weight) * np.float32(r))) for t, r in row_steps)
         count = int(present.sum())
+        if not count and name not in _WARNED_ALL_NONE:  # once per function: a batch it has no opinion on is legal
+            _WARNED_ALL_NONE.add(name)
+            logger.warning("reward %r returned None for every row of a batch: it scores nothing there "
+                           "(reward/%s/mean is not logged; reward/%s/none_frac is 1)", name, name, name)
         if count:
             metrics[f"reward/{name}/mean"] = float(values[present].astype(np.float64).mean())
         metrics[f"reward/{name}/none_frac"] = float(n - count) / n

@@ -8,12 +8,12 @@ Two jit-compiled programs behind one entry point, `generate`:
 Drawing one token per row: `draw` (one uniform per row inverts the CDF; greedy is an argmax).
 
 Log-prob convention (the trainer's, docs/design.md "Conventions"): `logprobs[n, t]` is
-log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k` and
-`top_p` only change which token is drawn (nucleus on the temperature-scaled distribution after top-k),
-never this number, so the trainer recomputes exactly what the sampler reports; `behavior_logprobs` is
-the log-prob of the truncated, renormalised distribution the token was really drawn from, which every
-importance ratio against the sampler needs (docs/algorithms/off_policy.md). With temperature=0
-(greedy) the reported log-prob is that of log_softmax(logits) (temperature 1).
+log_softmax(logits / temperature) over the FULL vocabulary at the drawn token, in float32. `top_k`,
+`top_p`, `min_p` and `repetition_penalty` only change which token is drawn, never this number, so the
+trainer recomputes exactly what the sampler reports; `behavior_logprobs` is the log-prob of the
+penalised, truncated, renormalised distribution the token was really drawn from, which every importance
+ratio against the sampler needs (docs/algorithms/off_policy.md). With temperature=0 (greedy) the
+reported log-prob is that of log_softmax(logits) (temperature 1).
 
 Prompt lengths: callers pad each batch to a length bucket (see docs/data.md) so that variable prompt
 lengths compile only a handful of shapes.
@@ -28,11 +28,12 @@ import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.sampling.batch import Rollout, generate_program
-from jaxrl_llm.sampling.draw import argmax, categorical, draw_tokens, row_uniforms
+from jaxrl_llm.sampling.draw import (argmax, categorical, check_penalties, draw_tokens, mark, penalize, row_uniforms,
+                                     seen_tokens)
 from jaxrl_llm.sampling.slots import slots_program
 
 __all__ = ["Rollout", "generate", "generate_program", "slots_program", "argmax", "categorical", "draw_tokens",
-           "row_uniforms"]
+           "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
 
 
 def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids,
@@ -74,7 +75,7 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
 
 def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_tokens: int, num_samples: int = 1,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int],
-             pad_id: int, decode_slots: int = 0) -> Rollout:
+             pad_id: int, decode_slots: int = 0, repetition_penalty: float = 1.0, min_p: float = 0.0) -> Rollout:
     """Samples `num_samples` completions for each left-padded prompt (see the module docstring).
 
     prompts, prompt_mask (B,P) int; rng a PRNG key. Same key -> same rollout; rows of a group differ.
@@ -82,13 +83,17 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
     greedy / nucleus switches are static. decode_slots: 0 decodes all N rows as one static batch
     (`batch.generate_program`); S in [1, N] keeps S rows in flight with continuous batching
     (`slots.slots_program`, per-row random streams: the same rollout for every S, a different one from 0).
+    repetition_penalty (1 = off) and min_p (0 = off) change the distribution drawn from, hence the behaviour
+    log-probs, never `logprobs` (`draw.draw_tokens`); their values are traced, on/off is static.
     """
     prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
     eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
     _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids, pad_id,
            decode_slots)
+    check_penalties(repetition_penalty, min_p)
     program = (functools.partial(slots_program, slots=int(decode_slots)) if decode_slots else generate_program)
     return program(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,
-                   jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_new_tokens=int(max_new_tokens),
-                   num_samples=int(num_samples), top_k=int(top_k), greedy=temperature == 0,
-                   nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id))
+                   jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
+                   jnp.float32(min_p), max_new_tokens=int(max_new_tokens), num_samples=int(num_samples),
+                   top_k=int(top_k), greedy=temperature == 0, nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id),
+                   penalize=repetition_penalty != 1.0, use_min_p=min_p > 0)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.lm import decode_prepare, decode_step, init_cache, logits_from_hidden, prefill
-from jaxrl_llm.sampling.draw import draw_tokens
+from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
 
 
 @flax.struct.dataclass
@@ -53,14 +53,18 @@ class Rollout:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id"))
-def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, *, max_new_tokens, num_samples,
-              top_k, greedy, nucleus, eos_ids, pad_id):
+                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p"))
+def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
+                     max_new_tokens, num_samples, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
+                     use_min_p=False):
     b, _ = prompts.shape
     g, t_max = num_samples, max_new_tokens
     n = b * g
+    rows = jnp.arange(n)
     draw = functools.partial(draw_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                             nucleus=nucleus)
+                             nucleus=nucleus, penalty=penalty, min_p=min_p if use_min_p else None)
+    # The repetition penalty's set per row: its prompt's tokens, then each token it draws (None: off).
+    seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
     eos = jnp.asarray(eos_ids, jnp.int32)
 
     # 1. prefill once per prompt.
@@ -70,7 +74,8 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
 
     # 2. first token of every row from its prompt's logits (independent draws per row).
-    token, logp, blogp = draw(jax.random.fold_in(rng, 0), jnp.repeat(last_logits, g, axis=0))
+    token, logp, blogp = draw(jax.random.fold_in(rng, 0), jnp.repeat(last_logits, g, axis=0), seen=seen)
+    seen = None if seen is None else mark(seen, rows, token)
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(token)
     logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
@@ -82,17 +87,17 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     cache = init_cache(config, n, t_max)
 
     def cond(state):
-        t, _, _, _, done, _, _ = state
+        t, _, _, _, done, _, _, _ = state
         return (t < t_max - 1) & ~jnp.all(done)
 
     def body(state):
-        t, tokens, logprobs, mask, done, cache, token = state
+        t, tokens, logprobs, mask, done, cache, token, seen = state
         with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
             hidden, cache = decode_step(config, params, weights, token, start + t, cache, t, prefix, prefix_mask)
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
-            new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits)
+            new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits, seen=seen)
         alive = ~done
         new = jnp.where(alive, new, pad_id)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
@@ -100,10 +105,11 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
         logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
         mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
         done = done | jnp.isin(new, eos)
-        return t + 1, tokens, logprobs, mask, done, cache, new
+        seen = None if seen is None else mark(seen, rows, new)
+        return t + 1, tokens, logprobs, mask, done, cache, new, seen
 
-    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token)
-    _, tokens, logprobs, mask, done, _, _ = jax.lax.while_loop(cond, body, state)
+    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen)
+    _, tokens, logprobs, mask, done, _, _, _ = jax.lax.while_loop(cond, body, state)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1),
                    truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),

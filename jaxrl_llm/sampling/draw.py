@@ -74,19 +74,60 @@ def categorical(key, logits, uniform=None):
     return (b * c + w).astype(jnp.int32), top[:, 0] + jnp.log(cum[:, -1])
 
 
-def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus, uniform=None):
-    """Draws one token per row (from `key`, or from the given per-row `uniform` (N,), see `categorical`). logits (N,V) float32 -> (token (N,) int32, logprob (N,), behaviour
-    logprob (N,)): the log-prob of the module's convention (full vocabulary at the temperature), and the
-    log-prob of the distribution the token was really drawn from (top-k / top-p truncated and
-    renormalised; equal to the first without truncation; 0 for greedy, a point mass)."""
+def check_penalties(repetition_penalty, min_p):
+    """One-line ValueErrors for the repetition penalty (> 0) and min-p (in [0, 1))."""
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
+    if not 0 <= min_p < 1:
+        raise ValueError(f"min_p must be in [0, 1) (0 = off), got {min_p}")
+
+
+def seen_tokens(ids, mask, vocab: int):
+    """(N,V) bool: which tokens occur among the real entries of each row. ids, mask (N,L) int (mask 0: padding,
+    not counted). The repetition penalty's set; `mark` adds the tokens drawn since."""
+    n = ids.shape[0]
+    where = jnp.where(mask.astype(bool), ids, vocab)  # padding goes out of range: dropped
+    return jnp.zeros((n, vocab), bool).at[jnp.arange(n)[:, None], where].set(True, mode="drop")
+
+
+def mark(seen, rows, token):
+    """`seen` with seen[rows[i], token[i]] set; rows out of range (idle slots) are dropped."""
+    return seen.at[rows, token].set(True, mode="drop")
+
+
+def penalize(logits, seen, penalty):
+    """The repetition penalty on raw logits (N,V): a seen token's logit is divided by `penalty` where
+    positive and multiplied by it where negative, so penalty > 1 makes it less likely either way."""
+    return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus, uniform=None, seen=None, penalty=1.0,
+                min_p=None):
+    """Draws one token per row (from `key`, or from the given per-row `uniform` (N,), see `categorical`).
+    logits (N,V) float32 -> (token (N,) int32, logprob (N,), behaviour logprob (N,)): the log-prob of the
+    module's convention (full vocabulary at the temperature, of the model's logits), and the log-prob of
+    the distribution the token was really drawn from (equal to the first when nothing below applies; 0
+    for greedy, a point mass).
+
+    The distribution drawn from, in this order: the repetition penalty (`seen` (N,V) bool given: the
+    tokens already in the row's prompt and completion, see `penalize`), the temperature, top-k, top-p
+    (nucleus, renormalised after top-k), then min-p (`min_p` given, traced: keep the tokens whose
+    probability is at least min_p times the most likely one's). `seen` and `min_p` being None or not is
+    static; `penalty` is traced."""
+    model = logits
+    if seen is not None:
+        logits = penalize(logits, seen, penalty)
     if greedy:
         token = argmax(logits)
-        return token, _logp_at(logits, token), jnp.zeros(token.shape, jnp.float32)
+        return token, _logp_at(model, token), jnp.zeros(token.shape, jnp.float32)
     scaled = logits / temperature
     if top_k == 0 and not nucleus:
-        token, log_z = categorical(key, scaled, uniform)  # the normalizer of the draw is that of the log-prob
-        logp = jnp.take_along_axis(scaled, token[:, None], -1)[:, 0] - log_z
-        return token, logp, logp
+        warped = scaled if min_p is None else _min_p(scaled, jnp.max(scaled, axis=-1, keepdims=True), min_p)
+        token, log_z = categorical(key, warped, uniform)
+        behaviour = jnp.take_along_axis(warped, token[:, None], -1)[:, 0] - log_z
+        if seen is None and min_p is None:  # the normalizer of the draw is that of the log-prob
+            return token, behaviour, behaviour
+        return token, _logp_at(model / temperature, token), behaviour
     # Candidates sorted by descending probability: the top-k, or the whole vocabulary for nucleus.
     k = top_k if top_k > 0 else scaled.shape[-1]
     cand, idx = jax.lax.top_k(scaled, k)
@@ -94,7 +135,14 @@ def draw_tokens(key, logits, temperature, top_p, *, top_k, greedy, nucleus, unif
         probs = jax.nn.softmax(cand, axis=-1)
         mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix with mass >= top_p
         cand = jnp.where(mass_before < top_p, cand, -jnp.inf)
+    if min_p is not None:
+        cand = _min_p(cand, cand[:, :1], min_p)
     choice, log_z = categorical(key, cand, uniform)
     token = jnp.take_along_axis(idx, choice[:, None], -1)[:, 0].astype(jnp.int32)
     behavior = jnp.take_along_axis(cand, choice[:, None], -1)[:, 0] - log_z
-    return token, _logp_at(scaled, token), behavior
+    return token, _logp_at(model / temperature, token), behavior
+
+
+def _min_p(scaled, top, min_p):
+    """-inf where p < min_p * p_max, i.e. scaled < top + log(min_p); the most likely token always stays."""
+    return jnp.where(scaled >= top + jnp.log(min_p), scaled, -jnp.inf)

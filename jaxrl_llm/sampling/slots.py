@@ -32,19 +32,20 @@ import jax.numpy as jnp
 from jaxrl_llm.models.lm import (decode_prefix_rows, decode_prepare, decode_step, init_cache, logits_from_hidden,
                                  prefill)
 from jaxrl_llm.sampling.batch import Rollout
-from jaxrl_llm.sampling.draw import draw_tokens, row_uniforms
+from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id"))
-def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p, *, max_new_tokens, num_samples,
-                  slots, top_k, greedy, nucleus, eos_ids, pad_id):
+                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p"))
+def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
+                  max_new_tokens, num_samples, slots, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
+                  use_min_p=False):
     """`generate` with `slots` decode slots (see the module docstring); arguments as `batch.generate_program`."""
     b, _ = prompts.shape
     g, t_max, s = num_samples, max_new_tokens, slots
     n = b * g
     draw = functools.partial(draw_tokens, None, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                             nucleus=nucleus)
+                             nucleus=nucleus, penalty=penalty, min_p=min_p if use_min_p else None)
     eos = jnp.asarray(eos_ids, jnp.int32)
 
     # 1-2. prefill once per prompt; the first token of every row.
@@ -53,7 +54,11 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     prompt_len = jnp.sum(prompt_mask, axis=-1)  # (B,) position of each prompt's first new token
     last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
     rows = jnp.arange(n, dtype=jnp.int32)
-    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows, 0 * rows))
+    # The repetition penalty's set of every row (None: off): its prompt's tokens, then each token it draws.
+    seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
+    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows, 0 * rows),
+                              seen=seen)
+    seen = None if seen is None else mark(seen, rows, first)
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
@@ -68,10 +73,10 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     slot_row = take_queue(jnp.arange(s))
     state = (slot_row, jnp.zeros((s,), jnp.int32), jnp.take(first, jnp.minimum(slot_row, n - 1)), jnp.int32(s),
              decode_prefix_rows(config, prefix, prompt_of(slot_row)), init_cache(config, s, t_max),
-             tokens, logprobs, mask)
+             tokens, logprobs, mask, seen)
 
     def body(state):
-        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, mask = state
+        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, mask, seen = state
         active, prompt = row < n, prompt_of(row)
         with jax.named_scope("layers"):
             hidden, cache = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache, t,
@@ -79,7 +84,9 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
-            new, logp, blogp = draw(logits, uniform=row_uniforms(rng, row, t + 1))
+            new, logp, blogp = draw(logits, uniform=row_uniforms(rng, row, t + 1),
+                                    seen=None if seen is None else jnp.take(seen, jnp.minimum(row, n - 1), axis=0))
+        seen = None if seen is None else mark(seen, row, new)
         # Token t+1 of each slot's row; an idle slot's row n is out of range and its writes are dropped.
         tokens = tokens.at[row, t + 1].set(new, mode="drop")
         logprobs = logprobs.at[row, :, t + 1].set(jnp.stack([logp, blogp], 1), mode="drop")
@@ -92,10 +99,10 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         t = jnp.where(finished, 0, jnp.where(active, t + 1, t))
         slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_prefix_rows(config, prefix, prompt_of(row)),
                                    lambda p: p, slot_prefix)
-        return row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, mask
+        return row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, mask, seen
 
     state = jax.lax.while_loop(lambda st: jnp.any(st[0] < n), body, state)
-    tokens, logprobs, mask = state[-3:]
+    tokens, logprobs, mask = state[-4:-1]
     ended = jnp.any(jnp.isin(tokens, eos) & (mask == 1), axis=-1)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1), truncated=~ended, prompt_tokens=jnp.repeat(prompts, g, axis=0),

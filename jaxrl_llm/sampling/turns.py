@@ -53,14 +53,16 @@ from jaxrl_llm.models.lm import (decode_layer_weights, decode_prepare, decode_st
                                  logits_from_hidden, prefill)
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
-from jaxrl_llm.sampling.draw import draw_tokens, row_uniforms
+from jaxrl_llm.sampling.draw import check_penalties, draw_tokens, row_uniforms
 
 
 @flax.struct.dataclass
 class Episode:
     """N episodes on device between turns (see the module docstring). prefix, prefix_mask: the B prompts'
     keys/values in `decode_prepare`'s layout, (B,P) bool; prompt_len (N,) int32; cache: `init_cache(N, C)`;
-    length (N,) int32 tokens in the cache; hidden (N,D) float32, the state of each row's last token."""
+    length (N,) int32 tokens in the cache; hidden (N,D) float32, the state of each row's last token;
+    counts (N,V) int32, how often each token occurs in the row's prompt and cache (the repetition
+    penalty's set; counts, not flags, so that `rewind` can take tokens out), or None when off."""
 
     prefix: Any
     prefix_mask: jax.Array
@@ -68,6 +70,7 @@ class Episode:
     cache: Any
     length: jax.Array
     hidden: jax.Array
+    counts: Any = None
 
     @property
     def capacity(self) -> int:
@@ -86,34 +89,44 @@ class Turn:
 
 
 # -------------------------------------------------------------------------------------------- programs
-@functools.partial(jax.jit, static_argnames=("config", "num_samples", "capacity"))
-def _start(config, params, prompts, prompt_mask, *, num_samples, capacity):
+@functools.partial(jax.jit, static_argnames=("config", "num_samples", "capacity", "penalize"))
+def _start(config, params, prompts, prompt_mask, *, num_samples, capacity, penalize):
     hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
     _, prefix = decode_prepare(config, params, kv)
     n = prompts.shape[0] * num_samples
     return Episode(prefix=prefix, prefix_mask=prompt_mask.astype(bool),
                    prompt_len=jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), -1), num_samples),
                    cache=init_cache(config, n, capacity), length=jnp.zeros((n,), jnp.int32),
-                   hidden=jnp.repeat(hidden[:, -1].astype(jnp.float32), num_samples, axis=0))
+                   hidden=jnp.repeat(hidden[:, -1].astype(jnp.float32), num_samples, axis=0),
+                   counts=jnp.repeat(_counts(prompts, prompt_mask, config.vocab_size), num_samples, 0) if penalize
+                   else None)
+
+
+def _counts(ids, mask, vocab):
+    """(N,V) int32: occurrences of each token among the real (mask 1) entries of ids (N,L)."""
+    n = ids.shape[0]
+    where = jnp.where(mask.astype(bool), ids, vocab)
+    return jnp.zeros((n, vocab), jnp.int32).at[jnp.arange(n)[:, None], where].add(1, mode="drop")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids",
-                                             "window"), donate_argnames=("episode",))
-def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max_tokens, top_k, greedy, nucleus,
-                 stop_ids, window):
+                                             "window", "use_min_p"), donate_argnames=("episode",))
+def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalty, min_p, *, max_tokens, top_k, greedy,
+                 nucleus, stop_ids, window, use_min_p):
     e = episode
     n, cap = e.length.shape[0], e.capacity
     rows = jnp.arange(n, dtype=jnp.int32)
     draw = functools.partial(draw_tokens, None, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                             nucleus=nucleus)
+                             nucleus=nucleus, penalty=penalty, min_p=min_p if use_min_p else None)
     stop = jnp.asarray(stop_ids, jnp.int32)
     limit = jnp.minimum(limit, cap - e.length)  # never past the cache
     weights = decode_layer_weights(config, params)
 
     def body(s):
-        j, done, length, hidden, cache, tokens, logps = s
+        j, done, length, hidden, cache, tokens, logps, counts = s
         alive = ~done
-        new, lp, blp = draw(logits_from_hidden(config, params, hidden), uniform=row_uniforms(rng, rows, length))
+        new, lp, blp = draw(logits_from_hidden(config, params, hidden), uniform=row_uniforms(rng, rows, length),
+                            seen=None if counts is None else counts > 0)
         new = jnp.where(alive, new, 0)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, j))
         both = jnp.where(alive[:, None], jnp.stack([lp, blp], 1), 0.0)
@@ -124,14 +137,15 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, *, max
         hidden = jnp.where(alive[:, None], h.astype(jnp.float32), hidden)
         length = length + alive.astype(jnp.int32)
         done = done | jnp.isin(new, stop) | (j + 1 >= limit)
-        return j + 1, done, length, hidden, cache, tokens, logps
+        counts = None if counts is None else counts.at[rows, new].add(alive.astype(jnp.int32))
+        return j + 1, done, length, hidden, cache, tokens, logps, counts
 
     state = (jnp.int32(0), limit <= 0, e.length, e.hidden, _window(config, e.cache, window),
-             jnp.zeros((n, max_tokens), jnp.int32), jnp.zeros((n, 2, max_tokens), jnp.float32))
-    _, _, length, hidden, cache, tokens, logps = jax.lax.while_loop(
+             jnp.zeros((n, max_tokens), jnp.int32), jnp.zeros((n, 2, max_tokens), jnp.float32), e.counts)
+    _, _, length, hidden, cache, tokens, logps, counts = jax.lax.while_loop(
         lambda s: (s[0] < max_tokens) & ~jnp.all(s[1]), body, state)
     turn = Turn(tokens=tokens, logprobs=logps[:, 0], behavior_logprobs=logps[:, 1], count=length - e.length)
-    return e.replace(length=length, hidden=hidden, cache=_put_window(config, e.cache, cache)), turn
+    return e.replace(length=length, hidden=hidden, cache=_put_window(config, e.cache, cache), counts=counts), turn
 
 
 @functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnames=("episode",))
@@ -153,8 +167,10 @@ def _append(config, params, episode, obs, obs_len, *, window):
     rows = jnp.arange(n)[:, None]
     keys, values = keys.at[:, rows, slot].set(ck.astype(keys.dtype)), values.at[:, rows, slot].set(cv.astype(values.dtype))
     last = jnp.take_along_axis(hidden, jnp.maximum(obs_len - 1, 0)[:, None, None], 1)[:, 0].astype(jnp.float32)
+    counts = None if e.counts is None else e.counts + _counts(obs, mask, config.vocab_size)
     return e.replace(cache=_put_window(config, e.cache, _decode_layout(config, keys, values)),
-                     length=e.length + obs_len, hidden=jnp.where((obs_len > 0)[:, None], last, e.hidden))
+                     length=e.length + obs_len, hidden=jnp.where((obs_len > 0)[:, None], last, e.hidden),
+                     counts=counts)
 
 
 def _window(config: ModelConfig, cache, w: int):
@@ -197,9 +213,11 @@ def _decode_layout(config: ModelConfig, k, v):
 
 
 # ------------------------------------------------------------------------------------------ entry points
-def start(config: ModelConfig, params, prompts, prompt_mask, *, capacity: int, num_samples: int = 1) -> Episode:
+def start(config: ModelConfig, params, prompts, prompt_mask, *, capacity: int, num_samples: int = 1,
+          repetition_penalty: bool = False) -> Episode:
     """N = B*num_samples episodes of up to `capacity` tokens after their prompt. prompts, prompt_mask (B,P)
-    left-padded; rows b*G .. b*G+G-1 continue prompt b."""
+    left-padded; rows b*G .. b*G+G-1 continue prompt b. repetition_penalty: keep the token counts that
+    `decode_turn`'s repetition penalty reads."""
     prompts, prompt_mask = np.asarray(prompts), np.asarray(prompt_mask)
     if prompts.ndim != 2 or prompt_mask.shape != prompts.shape:
         raise ValueError(f"prompts and prompt_mask must be (B, P) of one shape, got {prompts.shape} and "
@@ -211,16 +229,17 @@ def start(config: ModelConfig, params, prompts, prompt_mask, *, capacity: int, n
         raise ValueError(f"a prompt of {longest - capacity} tokens + an episode of {capacity} exceeds the model's "
                          f"max_position_embeddings {config.max_position_embeddings}")
     return _start(config, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_mask, jnp.int32),
-                  num_samples=int(num_samples), capacity=int(capacity))
+                  num_samples=int(num_samples), capacity=int(capacity), penalize=bool(repetition_penalty))
 
 
 def decode_turn(config: ModelConfig, params, episode: Episode, rng, limit, *, max_tokens: int,
                 stop_ids: Sequence[int], temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0) -> tuple[Episode, Turn]:
+                top_p: float = 1.0, repetition_penalty: float = 1.0, min_p: float = 0.0) -> tuple[Episode, Turn]:
     """One model turn of every row: row n draws at most limit[n] tokens (0: it sits this turn out;
     never past its cache), ending at the first of `stop_ids`. limit (N,) int, each <= `max_tokens` (the
     static turn budget: one compile per value). `rng`: the episode's key, the same for every turn.
-    Sampling arguments as `sampling.generate`. The old `episode` is donated: use the returned one."""
+    Sampling arguments as `sampling.generate` (repetition_penalty != 1 needs an episode `start`ed with
+    `repetition_penalty=True`). The old `episode` is donated: use the returned one."""
     limit = np.asarray(limit)
     n = episode.length.shape[0]
     if limit.shape != (n,) or limit.min(initial=0) < 0 or limit.max(initial=0) > max_tokens:
@@ -228,23 +247,38 @@ def decode_turn(config: ModelConfig, params, episode: Episode, rng, limit, *, ma
                          f"and range [{limit.min(initial=0)}, {limit.max(initial=0)}]")
     if not stop_ids:
         raise ValueError("stop_ids must name at least one token id")
+    check_penalties(repetition_penalty, min_p)
+    if repetition_penalty != 1.0 and episode.counts is None:
+        raise ValueError("repetition_penalty: the episode was started without repetition_penalty=True")
     length = np.asarray(episode.length)
     window = _window_for(episode, (length + np.minimum(limit, episode.capacity - length))[limit > 0].max(initial=1))
     return _decode_turn(config, params, episode, rng, jnp.asarray(limit, jnp.int32),
-                        jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), max_tokens=int(max_tokens),
-                        top_k=int(top_k), greedy=temperature == 0, nucleus=top_p < 1.0,
-                        stop_ids=tuple(int(s) for s in stop_ids), window=window)
+                        jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
+                        jnp.float32(min_p), max_tokens=int(max_tokens), top_k=int(top_k), greedy=temperature == 0,
+                        nucleus=top_p < 1.0, stop_ids=tuple(int(s) for s in stop_ids), window=window,
+                        use_min_p=min_p > 0)
 
 
-def rewind(episode: Episode, tokens) -> Episode:
+def rewind(episode: Episode, tokens, dropped_ids=None) -> Episode:
     """Drops the last tokens[n] tokens of row n's cache (tokens (N,) ints; a turn cut short on the host, at
     a stop string). The row's hidden state is then stale: its next call must be an `append` of at least
-    one token -- re-feeding the last kept token restores it."""
+    one token -- re-feeding the last kept token restores it. dropped_ids (N lists of those tokens' ids)
+    takes them out of the repetition penalty's counts; needed when the episode keeps counts."""
     tokens = np.asarray(tokens)
     length = np.asarray(episode.length)
     if tokens.shape != length.shape or (tokens < 0).any() or (tokens > length).any():
         raise ValueError(f"rewind: tokens must be ({len(length)},) ints in [0, the row's length], got {tokens}")
-    return episode.replace(length=jnp.asarray(length - tokens, jnp.int32))
+    counts = episode.counts
+    if counts is not None:
+        if dropped_ids is None or [len(d) for d in dropped_ids] != tokens.tolist():
+            raise ValueError("rewind: an episode with repetition-penalty counts needs dropped_ids, tokens[n] ids "
+                             "for row n")
+        ids = np.zeros((len(tokens), max(tokens.max(initial=0), 1)), np.int32)
+        mask = np.arange(ids.shape[1])[None] < tokens[:, None]
+        for i, d in enumerate(dropped_ids):
+            ids[i, :len(d)] = d
+        counts = counts - _counts(jnp.asarray(ids), jnp.asarray(mask), counts.shape[1])
+    return episode.replace(length=jnp.asarray(length - tokens, jnp.int32), counts=counts)
 
 
 def append(config: ModelConfig, params, episode: Episode, observations: Sequence[Sequence[int]], *,

@@ -30,7 +30,8 @@ class Episodes:
     the model's tokens only (trained); logprobs (N,T) the sampler's, 0 off `mask`; behavior_logprobs (N,T)
     of the distribution each token was drawn from (top-k/top-p; = logprobs without them); truncated (N,)
     bool: the episode's token budget ran out (its last turn filled it, or an observation did not fit);
-    rewards (N,) the sum of each episode's turn rewards; metrics: `EpisodeBatch.metrics()`; texts: each episode's turn texts."""
+    rewards (N,) the sum of each episode's turn rewards; metrics: `EpisodeBatch.metrics()`; texts: each episode's turn texts;
+    prompts: each episode's prompt as `reset()` returned it (a string or a message list: what the logs show)."""
 
     prompt_tokens: np.ndarray
     prompt_mask: np.ndarray
@@ -43,6 +44,7 @@ class Episodes:
     rewards: np.ndarray
     metrics: dict[str, float]
     texts: list[list[str]]
+    prompts: list = dataclasses.field(default_factory=list)
 
     def finals(self) -> list[str]:
         """Each episode's last model turn: the text the reward functions judge."""
@@ -56,7 +58,8 @@ class Episodes:
 
 def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]], rng, *, max_turns: int,
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0, pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
+                    top_p: float = 1.0, repetition_penalty: float = 1.0, min_p: float = 0.0,
+                    pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
                     stop_strings: Sequence[str] = ()) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
@@ -80,7 +83,8 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
         turn_budget = max_turn_tokens or max_new_tokens
         prompt_width = turns.bucket(max(map(len, prompts)))
         state = turns.start(mc, params, *left_pad(prompts[::group_size], prompt_width, pad_id),
-                            capacity=max_new_tokens, num_samples=group_size)
+                            capacity=max_new_tokens, num_samples=group_size,
+                            repetition_penalty=repetition_penalty != 1.0)
         for _ in range(max_turns):
             active = [i for i in range(n) if not batch.done[i]]
             if not active:
@@ -88,17 +92,19 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
             limit = np.zeros(n, np.int32)
             limit[active] = [min(turn_budget, trajs[i].room()) for i in active]
             state, out = turns.decode_turn(mc, params, state, rng, limit, max_tokens=turn_budget, stop_ids=stop_ids,
-                                           temperature=temperature, top_k=top_k, top_p=top_p)
+                                           temperature=temperature, top_k=top_k, top_p=top_p,
+                                           repetition_penalty=repetition_penalty, min_p=min_p)
             out_tokens, out_logp, out_blogp, counts = (np.asarray(x) for x in (out.tokens, out.logprobs,
                                                                                  out.behavior_logprobs, out.count))
             turn_texts: list[str | None] = [None] * n
             stop, ended, history = [False] * n, {}, {}
             dropped = np.zeros(n, np.int32)  # tokens drawn after a stop string: out of the row's cache
+            dropped_ids: list[list[int]] = [[] for _ in range(n)]
             for i in active:
                 ids = [int(t) for t in out_tokens[i, :counts[i]]]
                 cut = envs.stop_string_cut(tokenizer, ids, stop_strings)
                 if cut is not None and cut < len(ids):
-                    dropped[i], ids = len(ids) - cut, ids[:cut]
+                    dropped[i], dropped_ids[i], ids = len(ids) - cut, ids[cut:], ids[:cut]
                 ended[i] = bool(ids) and ids[-1] in stop_ids
                 trajs[i].add_model(ids)
                 logps[i].extend(zip(out_logp[i, :len(ids)].tolist(), out_blogp[i, :len(ids)].tolist()))
@@ -112,7 +118,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
             appended = _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs,
                                      truncated)
             if dropped.any():
-                state = _rewind(state, batch, trajs, dropped, appended)
+                state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
             if any(appended):
                 state = turns.append(mc, params, state, appended, pad_id=pad_id)
         return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
@@ -132,7 +138,7 @@ def _observations(tokenizer, tools, batch, observations, history, turn_texts, en
     return out
 
 
-def _rewind(state, batch, trajs, dropped, appended):
+def _rewind(state, batch, trajs, dropped, dropped_ids, appended):
     """Drops the tokens drawn after a stop string (dropped (N,)) from the continuing rows' caches. A row
     with nothing to append next would read the dropped token's hidden state: it is rewound one token
     further and its last kept token re-fed (put in `appended`)."""
@@ -140,7 +146,9 @@ def _rewind(state, batch, trajs, dropped, appended):
         if not batch.done[i] and not appended[i]:
             dropped[i] += 1
             appended[i] = trajs[i].ids[-1:]
-    return turns.rewind(state, np.where(batch.done, 0, dropped))
+            dropped_ids[i] = appended[i] + dropped_ids[i]
+    dropped = np.where(batch.done, 0, dropped)
+    return turns.rewind(state, dropped, [d if k else [] for d, k in zip(dropped_ids, dropped)])
 
 
 def _check_groups(env, prompts: list[list[int]], g: int) -> None:
@@ -166,4 +174,4 @@ def _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, t) -> Episod
         logprobs[i, model] = [a for a, _ in logps[i]]
         behavior[i, model] = [b for _, b in logps[i]]
     return Episodes(prompt_tokens, prompt_mask, tokens, attention, mask, logprobs, behavior,
-                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(), texts)
+                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(), texts, list(batch.prompts))

@@ -90,7 +90,7 @@ class Trainer:
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
         # The prompts before the parameters: a bad file fails before anything is compiled.
-        dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
+        dataset, self.data_stats, held_out = setup.load_data(c, self.tokenizer, rows)
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
@@ -98,7 +98,8 @@ class Trainer:
         # Every reward on probe completions of a few rows, before the parameters load or anything compiles.
         self_test = reward_check.check_rewards(c, self.rollouts, dataset)
         self.self_test_metrics = self_test.metrics() if self_test is not None else {}  # step 1's row
-        eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
+        evaluates = c.eval.every_steps and evaluate.eval_source(c)
+        eval_rows = evaluate.load_eval_data(c, self.tokenizer, held_out) if evaluates else None
         self._init_state(model_path)
         self.evaluator = self._evaluator(callables, eval_rows) if eval_rows is not None else None
         self.initial_eval: dict[str, float] | None = None  # the held-out metrics before the first step
@@ -107,8 +108,10 @@ class Trainer:
         self.start_step = self._restore()
         self._build_producer()
         write_run_files(wd, c, config_to_hf_dict(self.mc, c.model.dtype), self.tokenizer)
+        wandb = (dict(project=c.log.wandb_project, name=c.log.wandb_name, entity=c.log.wandb_entity,
+                      config=c.to_dict()) if c.log.wandb else None)
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
-                                                resume_step=self.start_step)
+                                                resume_step=self.start_step, wandb=wandb)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
@@ -256,7 +259,8 @@ class Trainer:
         c = self.c
         t0 = time.perf_counter()
         state, history = self.state, []
-        progress = feedback.Progress(c.total_steps, self.start_step, c.algo, enabled=c.log.progress and dist.is_main())
+        progress = feedback.Progress(c.total_steps, self.start_step, c.algo, enabled=c.log.progress and dist.is_main(),
+                                     every_s=c.log.progress_every_s)
         if self.evaluator is not None and self.start_step == 0:
             # The initial policy's: a row of its own at step 0 in the metric files; the history keeps
             # one row per training step.

@@ -55,7 +55,9 @@ class Rollouts:
         with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
                          num_samples=c.rollout.group_size, temperature=c.rollout.temperature,
-                         top_k=c.rollout.top_k, top_p=c.rollout.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                         top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                         repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
+                         eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=c.rollout.decode_slots)
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
@@ -94,6 +96,7 @@ class Rollouts:
             ep = sample_episodes(self.mc, params, self.tokenizer, self.env, rows, key, max_turns=c.env.max_turns,
                                  max_new_tokens=c.rollout.max_new_tokens, max_turn_tokens=c.env.max_turn_tokens,
                                  temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                                 repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                                  pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G,
                                  stop_strings=tuple(c.env.stop_strings))
         faults.point("sample")
@@ -101,12 +104,11 @@ class Rollouts:
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
                  "truncated": ep.truncated}
-        # The turn reward means of every turn up to max_turns (0 where no episode reached it): every step
-        # and every process reports the same keys.
-        metrics = {**{f"env/reward/turn{k}/mean": 0.0 for k in range(1, c.env.max_turns + 1)}, **ep.metrics}
+        # env/reward/turn{k}/mean only for the turns some episode reached (episodes run on one process).
         prompts, columns = self._reward_inputs(batch, local, step)
-        local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, metrics)
-        scored["completions"] = ep.decoded(self.tokenizer)  # the log shows the whole episode
+        local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, ep.metrics)
+        # The log shows the whole episode after the prompt reset() gave it (the rewards get the column).
+        scored["completions"], scored["prompts"] = ep.decoded(self.tokenizer), ep.prompts
         return local, scored
 
     def _filter_scores(self, rewards):

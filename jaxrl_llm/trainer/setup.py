@@ -7,6 +7,7 @@ file at fault.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,8 +19,10 @@ import numpy as np
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import sharding
-from jaxrl_llm.data import iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts
+from jaxrl_llm.data import (iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts,
+                            split_held_out)
 from jaxrl_llm.data.tasks import load_task
+from jaxrl_llm.evaluate.evaluator import eval_source
 from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value, lora,
                               param_logical_axes, value_logical_axes)
 from jaxrl_llm.models.config import read_hf_config
@@ -28,6 +31,8 @@ from jaxrl_llm.rewards import get_reward_fn
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.adapters import model_fields
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------- model and tokenizer
@@ -202,14 +207,27 @@ def reward_name(fn: Callable[..., Any]) -> str:
 
 
 def load_data(c, tokenizer, dataset=None):
-    """(tokenized prompt dataset, its counts): from `dataset` (the Python API's rows), the built-in
-    task, or `data.path`."""
+    """(tokenized prompt dataset, its counts, the held-out rows or None): from `dataset` (the Python API's
+    rows), the built-in task, or `data.path`. With periodic evaluation and no eval.path or data.task, the
+    held-out slice of the data (data/holdout.py, 1 prompt in eval.holdout) leaves the training rows; with
+    no held-out source at all, evaluation is off (one warning)."""
     if dataset is not None:
-        return prepare_prompts(dataset, c.data, tokenizer)
-    if c.data.task:
+        data, stats = prepare_prompts(dataset, c.data, tokenizer)
+    elif c.data.task:
         raw = load_task(c.data.task, c.data.task_rows, c.seed, tuple(c.data.task_weights))
-        return prepare_prompts(raw, c.data, tokenizer)
-    return load_prompt_dataset(c.data, tokenizer)
+        data, stats = prepare_prompts(raw, c.data, tokenizer)
+    else:
+        data, stats = load_prompt_dataset(c.data, tokenizer)
+    source = eval_source(c)
+    if not c.eval.every_steps or source != "holdout":
+        if c.eval.every_steps and source is None:
+            log.warning("eval.every_steps=%d, but there are no held-out prompts (eval.path empty, no data.task, "
+                        "eval.holdout=0): periodic evaluation is off", c.eval.every_steps)
+        return data, stats, None
+    data, held = split_held_out(data, c.data.prompt_column, c.eval.holdout, c.data.path)
+    log.info("eval: %d of the %d prompts of data.path are held out for evaluation (CRC-32 of the prompt %% %d "
+             "== 0; eval.holdout) and never trained on", len(held), len(held) + len(data), c.eval.holdout)
+    return data, {**stats, "data/rows": len(data), "data/held_out": len(held)}, held
 
 
 def data_iterator(c, dataset):

@@ -6,14 +6,15 @@ an audit hook; fewer layers where bubblewrap is missing, see `sandbox_layers()`)
 compares them itself, so nothing the solution does inside can forge a pass. docs/rewards.md has
 the formats and the threat model.
 
-Modules: `cases` (test formats, assert parsing, code extraction), `values` (wire format, exact
-comparison), `runner` (the program inside the sandbox), `audit` (its audit hook), `seccomp` (its
-system-call filter), `launch` (starting it), `session` (one sandbox from the judge's side),
-`judge` (scoring), `api` (entry points).
+Modules: `extract` (the code in a completion), `cases` (test formats, assert parsing), `values`
+(wire format, exact comparison), `runner` (the program inside the sandbox), `audit` (its audit
+hook), `seccomp` (its system-call filter), `launch` (starting it), `session` (one sandbox from the
+judge's side), `judge` (scoring), `api` (entry points).
 """
 
 from jaxrl_llm.rewards.code.api import code_tests, run_code_tests, run_sandboxed, sandbox_layers
-from jaxrl_llm.rewards.code.cases import Case, extract_code, parse_tests
+from jaxrl_llm.rewards.code.cases import Case, parse_tests
+from jaxrl_llm.rewards.code.extract import extract_code
 from jaxrl_llm.rewards.code.judge import (
     DEFAULT_DISK_MB,
     DEFAULT_FILE_SIZE_MB,

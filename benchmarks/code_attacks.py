@@ -70,6 +70,12 @@ def one(attack: str, fence_kb: int, timeout: float) -> dict:
     out: dict = {"attack": attack}
     if attack in ("fences", "blocked"):
         bad = "```" * (fence_kb * 1024 // 3) if attack == "fences" else FLOOD_BLOCKED
+        if attack == "fences":
+            from jaxrl_llm.rewards.code import extract_code
+
+            extract_start = time.perf_counter()
+            extract_code(bad)
+            out["extract_s"] = round(time.perf_counter() - extract_start, 3)
         if attack == "blocked":
             from jaxrl_llm.rewards.code import run_code_tests
 

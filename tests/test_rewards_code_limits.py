@@ -74,6 +74,11 @@ def _batch(attack, timeout=20.0):
     return results[0], results[1], time.monotonic() - start
 
 
+def test_a_megabyte_of_fences_beside_an_honest_sibling():
+    attack, sibling, seconds = _batch("```" * ((1 << 20) // 3))
+    assert sibling.score == 1.0 and attack.score == 0.0 and seconds < 10, (sibling, attack, seconds)
+
+
 def test_a_flood_of_forged_refusals_keeps_five_and_ends_the_run():
     flood = ("import os, sys\nline = ('{\"blocked\": \"' + 'x' * 300 + '\"}\\n').encode() * 64\n"
              "def add(a, b):\n    while True:\n        os.write(int(sys.argv[2]), line)")  # fmt: skip
@@ -118,7 +123,8 @@ def test_stdout_and_stderr_floods_never_reach_the_host_disk(tmp_path, monkeypatc
 
 
 def test_output_under_the_cap_is_drained_and_its_head_kept():
-    code = "import sys\ndef add(a, b):\n    print('debug', a, b)\n    print('e' * 300_000, file=sys.stderr)\n    return a + b"
+    code = ("import sys\ndef add(a, b):\n    print('debug', a, b)\n    print('e' * 300_000, file=sys.stderr)\n"
+            "    return a + b")
     result = run_sandboxed(code, ADD_TESTS, timeout=10)  # 300 KB of stderr a case: more than a pipe holds
     assert result.score == 1.0 and result.stdout.startswith("debug 1 2\ndebug 20 22\n") and result.stderr == "e" * 4096
 

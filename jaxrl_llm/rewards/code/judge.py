@@ -257,7 +257,7 @@ def _status(tally: _Tally, session: Session, returncode, timeout) -> tuple[str, 
     if tally.load_error:
         return "error", f"solution raised {tally.load_error}"
     if tally.protocol:
-        return "crashed", f"{tally.protocol}: killed by the judge"
+        return "crashed", f"{tally.protocol}: the judge ended the run"
     if unfinished:
         ended = (f"killed by signal {signal.Signals(signum).name}" if signum in set(signal.Signals)
                  else f"exited with code {returncode}")  # fmt: skip

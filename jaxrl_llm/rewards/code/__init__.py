@@ -7,15 +7,16 @@ compares them itself, or lets the dataset's test code compare them in a checker 
 own (`checker`), where the solution's functions are proxies; so nothing the solution does inside
 can forge a pass. docs/rewards.md has the formats and the threat model.
 
-Modules: `cases` (test formats, assert parsing, code extraction), `script` (other test code as
-units), `values` (wire format, decoding budget, exact comparison), `runner` (the program inside the
-sandbox), `audit` (its audit hook), `seccomp` (its system-call filter), `launch` (starting it),
-`session` (one sandbox from the judge's side), `checker` (the test code's process), `judge`
-(scoring), `api` (entry points).
+Modules: `extract` (the code in a completion), `cases` (test formats, assert parsing), `script`
+(other test code as units), `values` (wire format, decoding budget, exact comparison), `runner` (the
+program inside the sandbox), `audit` (its audit hook), `seccomp` (its system-call filter), `launch`
+(starting it), `session` (one sandbox from the judge's side), `checker` (the test code's process),
+`judge` (scoring), `api` (entry points).
 """
 
 from jaxrl_llm.rewards.code.api import code_tests, run_code_tests, run_sandboxed, sandbox_layers
-from jaxrl_llm.rewards.code.cases import Case, extract_code, parse_tests
+from jaxrl_llm.rewards.code.cases import Case, parse_tests
+from jaxrl_llm.rewards.code.extract import extract_code
 from jaxrl_llm.rewards.code.judge import (
     DEFAULT_DISK_MB,
     DEFAULT_FILE_SIZE_MB,

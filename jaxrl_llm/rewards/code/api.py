@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from jaxrl_llm.rewards.code import launch
-from jaxrl_llm.rewards.code.cases import extract_code, parse_tests
+from jaxrl_llm.rewards.code.cases import parse_tests
+from jaxrl_llm.rewards.code.extract import extract_code
 from jaxrl_llm.rewards.code.judge import (
     DEFAULT_DISK_MB,
     DEFAULT_FILE_SIZE_MB,

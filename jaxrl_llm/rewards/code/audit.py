@@ -30,9 +30,13 @@ PATH_EVENTS = {
 }  # fmt: skip
 
 
+# Refusals the hook reports, at most: the judge takes more as forged (the score is 0 already).
+MAX_REPORTS = 5
+
+
 def config() -> dict:
     return {"blocked_events": BLOCKED_EVENTS, "blocked_prefixes": BLOCKED_PREFIXES,
-            "blocked_imports": BLOCKED_IMPORTS, "path_events": PATH_EVENTS}  # fmt: skip
+            "blocked_imports": BLOCKED_IMPORTS, "path_events": PATH_EVENTS, "max_reports": MAX_REPORTS}  # fmt: skip
 
 
 # `install_audit_hook(cfg, work, private, report)`: `report(text)` sends one refusal to the judge.
@@ -101,7 +105,7 @@ def install_audit_hook(cfg, work, private, report):
         if detail is None:
             return
         state["blocked"] += 1
-        if state["blocked"] <= 5:
+        if state["blocked"] <= cfg["max_reports"]:
             report("%s: %s" % (event, detail[:200]))
         if event == "import":  # ImportError, so `try: import readline except ImportError` still works
             raise ImportError("sandbox: %s is not allowed" % detail[:100])

@@ -265,25 +265,3 @@ def _is_abs_diff(node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "abs"
             and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Sub)
             and _is_call(node.args[0].left))  # fmt: skip
-
-
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n", re.I)
-
-
-def extract_code(completion: str) -> str:
-    """The Python in a completion: the last ```python (or ```py / ```python3) block, else the last
-    untagged ``` block, else an unclosed ```python block (truncation), else the text after
-    `</think>` if any, else the whole completion."""
-    blocks = _FENCE.findall(completion)
-    python = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-    if python:
-        return python[-1]
-    untagged = [body for lang, body in blocks if not lang]
-    if untagged:
-        return untagged[-1]
-    opened = list(_OPEN_FENCE.finditer(completion))
-    if opened:  # a truncated completion: the block was never closed
-        return completion[opened[-1].end() :]
-    _, think, after = completion.rpartition("</think>")
-    return after if think else completion

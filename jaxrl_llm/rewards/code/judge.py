@@ -31,8 +31,10 @@ class SandboxResult:
 
     status: 'passed' (every case passed), 'failed' (some did not), 'error' (the solution did not
       load: SyntaxError, an exception at top level), 'blocked' (the audit hook refused an operation),
-      'memory' (MemoryError), 'timeout' (wall clock), 'cpu_limit', 'output_limit' (RLIMIT_FSIZE),
-      'crashed' (the sandbox ended or broke the protocol before answering every case).
+      'timeout' (wall clock: the judge killed it), 'cpu_limit' (RLIMIT_CPU: the kernel), 'memory'
+      (MemoryError), 'output_limit' (RLIMIT_FSIZE, or the judge's caps on replies and on stdout +
+      stderr), 'disk' (the tmpfs is full), 'crashed' (the sandbox ended or broke the protocol
+      before answering every case). `reason` says which limit and who ended the process.
     reason: one line saying why, '' when passed. passed / total: cases passed / counted cases.
     stdout: without tests, what the program printed; with tests, the sandbox's own stdout (4 KiB).
     """
@@ -307,26 +309,43 @@ def _compare(case: Case, got, float_tolerance) -> bool:
 
 
 def _status(tally: _Tally, session: Session, returncode, timeout) -> tuple[str, str]:
+    """Which limit ended the run, and who ended it: the judge (wall clock, output caps, a broken
+    protocol: it kills the sandbox) or the kernel (RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_AS, the tmpfs)."""
     signum = -returncode if returncode is not None and returncode < 0 else None
     unfinished = tally.answered < tally.cases  # the sandbox ended (or was killed) before answering all
+    errors = tally.load_error + tally.first_failure
     if session.blocked:
-        return "blocked", f"refused by the sandbox: {session.blocked[0]}"
+        more = f" (and {session.blocked.total - 1} more)" if session.blocked.total > 1 else ""
+        return "blocked", f"refused by the sandbox: {session.blocked[0]}{more}"
     if session.timed_out:
-        return "timeout", f"wall-clock limit of {timeout:g} s exceeded"
-    if unfinished and signum in (signal.SIGXCPU, signal.SIGKILL) and not tally.load_error:
-        return "cpu_limit", f"CPU time limit exceeded ({signal.Signals(signum).name})"
+        return "timeout", f"wall-clock limit of {timeout:g} s exceeded: killed by the judge"
+    if session.output_exceeded:
+        return "output_limit", f"stdout and stderr over {session.output_cap >> 20} MiB: killed by the judge"
+    if session.oversized:
+        return "output_limit", f"a reply over {session.max_reply} bytes: killed by the judge"
+    # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (1 s later) if SIGXCPU is
+    # ignored. Any other SIGKILL came from the judge (`killed`), as the audit hook refuses os.kill.
+    if unfinished and (signum == signal.SIGXCPU or signum == signal.SIGKILL and not session.killed):
+        name = signal.Signals(signum).name
+        return "cpu_limit", f"CPU time limit of {session.cpu_limit:g} s exceeded: {name} from the kernel"
     if unfinished and signum == signal.SIGXFSZ or tally.output_limit:
-        return "output_limit", "file size limit exceeded"
+        return "output_limit", "file size limit exceeded (RLIMIT_FSIZE)"
     if tally.memory:
         return "memory", "memory limit exceeded (MemoryError)"
+    if "[Errno 28]" in errors:
+        return "disk", f"the sandbox's disk of {session.disk_mb} MiB is full"
     if tally.fatal:
         return "crashed", f"the sandbox could not start: {tally.fatal}"
     if tally.load_error:
         return "error", f"solution raised {tally.load_error}"
-    if session.oversized:
-        return "crashed", "a reply exceeded the output limit"
-    if tally.protocol or unfinished:
-        return "crashed", tally.protocol or f"exited with code {returncode} after {tally.answered} of {tally.cases} tests"
+    if tally.protocol:
+        return "crashed", f"{tally.protocol}: the judge ended the run"
+    if unfinished:
+        ended = (f"killed by signal {signal.Signals(signum).name}" if signum in set(signal.Signals)
+                 else f"exited with code {returncode}")  # fmt: skip
+        if session.killed:
+            ended = "stopped answering: killed by the judge"
+        return "crashed", f"{ended} after {tally.answered} of {tally.cases} tests"
     if tally.passed < tally.total or tally.first_failure:  # an uncounted unit (setup, a bare run) failing too
         return "failed", tally.first_failure or f"{tally.total - tally.passed} of {tally.total} tests failed"
     return "passed", ""

@@ -11,7 +11,10 @@ and installs the audit hook. Then it answers one request at a time (a 4-byte len
   any failure                            -> {"i": k, "error": "TypeName: first line"}
 
 and `{"blocked": "..."}` whenever the audit hook refuses something. Requests carry inputs only: the
-expected outputs never enter the sandbox, so nothing here can be forged into a pass.
+expected outputs never enter the sandbox, so nothing here can be forged into a pass. Its own stdout
+and stderr are pipes the judge drains (capped there); a stdin/stdout run's output goes to a file in
+the work dir (the sandbox's tmpfs), under RLIMIT_FSIZE. Python runs without `site`, so `exit` and
+`quit` are defined here.
 """
 
 import inspect
@@ -78,6 +81,7 @@ def main():
     except BaseException as error:  # never run the solution in a half-built sandbox
         reply({"fatal": describe(error)})
         return
+    builtins.exit = builtins.quit = exit_program  # what the site module (-S: not loaded) would define
     if cfg["audit"] is not None:
         install_audit_hook(cfg["audit"], os.path.realpath(work), cfg["private"], lambda d: reply({"blocked": d}))
     try:
@@ -115,8 +119,13 @@ def describe(error):
         text = []
     return type(error).__name__ + (": " + text[0][:200] if text else "")
 
+def exit_program(code=None):
+    """exit() / quit(): end the program as sys.exit does (status None or 0: a normal end)."""
+    raise SystemExit(code)
+
 def run_program(program, namespace):
-    """None if the program ran (or ended with exit()/exit(0)), else its error."""
+    """None if the program ran (or ended with exit(), exit(0), sys.exit(False)), else its error: a
+    SystemExit with any other status is a failure, as a non-zero exit status would be."""
     try:
         exec(program, namespace)
     except SystemExit as error:

@@ -198,9 +198,11 @@ class SympyWorker:
 
     def _readline(self, deadline: float) -> str | None:
         fd = self._proc.stdout.fileno()
+        poller = select.poll()  # not select.select: a trainer with over 1,024 open descriptors
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            if remaining <= 0 or not poller.poll(max(1, int(remaining * 1000))):
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:

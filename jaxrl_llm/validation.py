@@ -208,8 +208,8 @@ def _validate_off_policy(c) -> None:
     _check(c, "correction.cap", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = the mode's default)")
     _check(c, "correction.lower", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = 1/cap)")
     cap, lower = rl.correction_bounds(c.correction.mode, c.correction.cap, c.correction.lower)
-    if lower > cap:
-        _fail("correction.lower", f"at most the cap {cap}", c.correction.lower)
+    if c.correction.mode in rl.MASK_MODES and lower > cap:  # truncation modes never read the lower bound
+        _fail("correction.lower", f"at most the cap {cap} (0 = 1/cap)", c.correction.lower)
     _check(c, "rollout.max_staleness", lambda v: _is_int(v) and 0 <= v < c.total_steps,
            "an int in [0, total_steps) (updates between the sampling policy and the trained one)")
     _check(c, "mesh.rollout_devices", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = sample on the training mesh)")

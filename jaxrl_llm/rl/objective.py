@@ -239,7 +239,9 @@ class Objective:
                "value": aggregate_denominator(loss_mask, "token-mean")}
         if self.nll_coef > 0:
             den["nll"] = jnp.sum(self._nll_mask(mb))
-        return den
+        # Counts of tokens or rows, hence >= 1 unless the minibatch has no loss token, whose sums are 0:
+        # at least 1, an empty minibatch contributes 0 (every term's 0/0 would be NaN).
+        return {k: jnp.maximum(v, 1.0) for k, v in den.items()}
 
     def _nll_mask(self, mb):
         """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
@@ -275,7 +277,7 @@ class Objective:
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
                    "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
         if self.nll_coef > 0:
-            nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / jnp.maximum(den["nll"], 1.0)
+            nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / den["nll"]
             loss = loss + self.nll_coef * nll
             metrics["policy/nll"] = nll  # micro-batch shares of the step's NLL: they add up
         return loss, metrics

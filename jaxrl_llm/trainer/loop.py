@@ -43,7 +43,7 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, setup
+from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -273,7 +273,11 @@ class Trainer:
                         self.writer.write_samples(step + 1, samples)
                     history.append(m)
                     progress.update(m)
-                    self._check_finite(state, step)
+                    if m.get("train/empty_updates"):
+                        log.warning("step %d: %d update(s) had no loss token and were skipped (train/empty_updates; "
+                                    "not counted as non-finite): %s", step + 1, int(m["train/empty_updates"]),
+                                    diagnose.empty_cause(c, m))
+                    self._check_finite(state, step, m)
                     if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
                         self.save(state)
                     reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
@@ -307,13 +311,13 @@ class Trainer:
         self.writer.close()
         raise Preempted(reason, int(state.step), self.c.total_steps, str(self.workdir))
 
-    def _check_finite(self, state, step: int) -> None:
+    def _check_finite(self, state, step: int, m: dict[str, float]) -> None:
         if int(state.nonfinite) >= self.c.train.max_nonfinite_steps:
             self.ckpt.wait()
             raise FloatingPointError(
                 f"{int(state.nonfinite)} consecutive updates had NaN/inf loss or gradients (step {step + 1}); "
                 f"stopped with the last good checkpoint intact (train.max_nonfinite_steps="
-                f"{self.c.train.max_nonfinite_steps})")
+                f"{self.c.train.max_nonfinite_steps}); {diagnose.nonfinite_causes(self.c, m)}")
 
     def finish(self):
         """Export, plot and the DONE marker (process 0)."""

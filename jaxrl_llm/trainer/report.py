@@ -18,6 +18,8 @@ def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, r
     # Updates of this step skipped for a NaN/inf loss or gradient, and the consecutive ones so far
     # (the run stops when they reach train.max_nonfinite_steps).
     m["train/skipped_updates"] = float(sum(float(x["train/skipped_updates"]) for x in step_metrics))
+    # Updates with no loss token (skipped, never counted as non-finite): their causes, `empty_cause`.
+    m["train/empty_updates"] = float(sum(float(x["train/empty_updates"]) for x in step_metrics))
     m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
     # Before the first update the policy is the sampler's: that step's difference is the sampler's.
     m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])

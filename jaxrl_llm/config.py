@@ -13,6 +13,7 @@ surrogate, ratio, aggregation, KL estimator) are the keys of the registries in `
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -247,6 +248,8 @@ def from_dict(values: Mapping[str, Any], base: ml_collections.ConfigDict | None 
             node, path = node[p], path + p + "."
         if leaf not in node and not _free_form(path + leaf):
             raise ValueError(f"config.{path + leaf} is not a config field{suggest_fields(leaf, node, path)}")
+        if isinstance(value, os.PathLike):  # a pathlib.Path for model.path, data.path, ...: its string
+            value = os.fspath(value)
         try:
             node[leaf] = value
         except TypeError as e:  # a typed field given another type

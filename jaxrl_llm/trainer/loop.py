@@ -18,7 +18,6 @@ P prompt tokens (left-padded), T completion tokens (right-padded).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import time
@@ -45,6 +44,7 @@ from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
 from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, setup
 from jaxrl_llm.trainer.rollout import Rollouts
+from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
@@ -59,18 +59,19 @@ class Trainer:
     config: a ConfigDict (`jaxrl_llm.base_config()` or a config file's) or a dict of fields (nested, or
       dotted keys such as "rollout.group_size"); validated once, with unknown fields refused.
     workdir: a local path or a URL that etils.epath and Orbax read (gs://...).
-    rewards: reward functions replacing `reward.functions`: callables (called by keyword with the
-      inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names or
-      "module:function" paths, each optionally as (reward, weight).
+    rewards: reward functions replacing `reward.functions`: one, or a list of callables (called by keyword
+      with the inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names
+      or "module:function" paths, each optionally as (reward, weight); without weights in the list the
+      config's `reward.weights` apply.
     dataset: prompt rows replacing `data.path`/`data.task`: a `datasets.Dataset` or a list of dicts with
       the configured prompt (and answer) columns.
     devices: those of the mesh, all of `jax.devices()` by default.
     """
 
     def __init__(self, config: ml_collections.ConfigDict | Mapping[str, Any], workdir: str, *,
-                 rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
+                 rewards: Sequence[Any] | Callable[..., Any] | str | None = None, dataset: Any = None, devices=None):
         t0 = time.perf_counter()
-        c, callables, rows = _with_python_inputs(config, rewards, dataset)
+        c, callables, rows = python_inputs(config, rewards, dataset)
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
@@ -349,30 +350,3 @@ def _write_dir(path: epath.Path, write: Callable[[str], None]) -> None:
         fs.write_via_local_dir(path, write)
     else:
         write(str(path))
-
-
-def _with_python_inputs(config, rewards: Sequence[Any] | None, dataset: Any):
-    """(the prepared config, reward callables, dataset rows): Python-API inputs are recorded in the
-    config (rewards by name or `module:qualname`, the dataset by a fingerprint), so that config.json
-    describes the run and a rerun with other inputs is refused by the workdir check."""
-    from jaxrl_llm.data.loading import as_dataset  # `datasets` only when the run starts
-
-    c = config_lib.from_dict(config) if isinstance(config, Mapping) else copy.deepcopy(config)
-    callables: list[Callable[..., Any]] = []
-    if rewards is not None:
-        names, weights = [], []
-        for r in rewards:
-            fn, weight = r if isinstance(r, tuple) else (r, 1.0)
-            if callable(fn) and not isinstance(fn, str):
-                callables.append(fn)
-                fn = setup.reward_name(fn)
-            names.append(str(fn))
-            weights.append(str(float(weight)))
-        c.reward.functions, c.reward.weights = ",".join(names), ",".join(weights)
-    rows = None
-    if dataset is not None:
-        if c.data.path or c.data.task:
-            raise ValueError("pass the prompts either as dataset= or as config.data.path/data.task, not both")
-        rows = as_dataset(dataset)
-        c.data.path = f"<in-memory dataset {rows._fingerprint}>"
-    return config_lib.prepare(c), callables, rows

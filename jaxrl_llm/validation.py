@@ -15,6 +15,7 @@ from jaxrl_llm import rl
 from jaxrl_llm.data.config import validate_data_config
 from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
+from jaxrl_llm.trl_names import trl_hint
 
 FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
@@ -295,6 +296,9 @@ def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict
 
 
 def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> str:
+    trl = trl_hint(key)  # a TRL name first: difflib's nearest spelling is rarely the field meant
+    if trl:
+        return trl
     close = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.6)
     if not close:
         return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
@@ -310,6 +314,8 @@ def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
         if (prefix + key) in FREE_FORM:
             return None
         last = i == len(parts) - 1
+        if key not in node and last and trl_hint(key):
+            return f"unknown config field '{prefix}{key}'{trl_hint(key)}"
         if key not in node:
             names = [k for k in node.keys() if last or isinstance(node[k], ml_collections.ConfigDict)]
             close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)

@@ -90,6 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.weights = ""  # comma-separated weights, one per function; "" = all 1.0
     c.reward.kwargs = ml_collections.ConfigDict()  # per-function keyword arguments: reward.kwargs.<name>.<arg>
     c.reward.on_error = "raise"  # a reward fn that raises: "raise" (stop, naming fn and row) | "zero"
+    c.reward.completion_format = "auto"  # completions to user reward functions: auto (TRL's message lists for a conversational dataset, else strings) | text | messages
 
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()

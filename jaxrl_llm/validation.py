@@ -274,6 +274,7 @@ def _validate_io(c) -> None:
     _check(c, "log.peak_flops", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
+    _check(c, "reward.completion_format", lambda v: v in ("auto", "text", "messages"), "auto, text or messages")
 
 
 def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:

@@ -29,6 +29,7 @@ from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.packing import packed_logprobs, packed_values
 from jaxrl_llm.rl import Objective
+from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
 
 _EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combined by min/max, not summed
@@ -131,7 +132,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
                             dropout_rng=dropout_rng, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
-        aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
+        seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
+        aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
             vl, vaux = objective.value_loss(values_of(mc, vparams, mb, **packing), mb, den)
             loss, aux = loss + vl, {**aux, **vaux}
@@ -193,6 +195,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             value_opt_state=keep(value_opt_state, state.value_opt_state),
             opt_step=state.opt_step + (ok & train_policy).astype(jnp.int32),
             nonfinite=jnp.where(empty, state.nonfinite, jnp.where(finite, 0, state.nonfinite + 1)))
+        if "value/ev_parts" in aux:  # over the whole minibatch, whatever grad_accum
+            metrics["value/explained_var"] = explained_variance(aux.pop("value/ev_parts"))
         ntok = jnp.maximum(aux.pop("ntok"), 1.0)
         for k, v in aux.items():  # "<name>_sum" are sums weighted by tokens: back to per-token means
             metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v

@@ -92,7 +92,6 @@ class Trainer:
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats = setup.load_data(c, self.tokenizer, rows)
         self.reward_fns = setup.user_rewards(c, self.reward_fns, dataset)  # their form of the completions
-        self.dataset_view = dataset.select(range(min(1, len(dataset))))  # its format, for the evaluation's rewards
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
         eval_rows = evaluate.load_eval_data(c, self.tokenizer) if c.eval.every_steps else None
         self._init_state(model_path)
@@ -146,7 +145,7 @@ class Trainer:
         ec = evaluate.reward_config(self.c)
         same = config_lib.reward_specs(ec) == config_lib.reward_specs(self.c)
         fns = self.reward_fns if same else setup.user_rewards(ec, setup.build_rewards(ec, self.mesh, callables),
-                                                              self.dataset_view)
+                                                              eval_rows)
         return evaluate.Evaluator(self.c, self.mc, self.mesh, self.tokenizer, fns, self.eos_ids, self.pad_id,
                                   eval_rows)
 

@@ -27,6 +27,43 @@ def correctness_reward_func(prompts, completions, answer, **kwargs):
     return [2.0 if r.strip() == a else 0.0 for r, a in zip(responses, answer)]
 
 
+# The accuracy reward of TRL's documentation: math_verify on the message content, None when the gold
+# solution does not parse (TRL then skips the row, as our None does).
+def accuracy_reward(completions, solution, **kwargs):
+    """Reward function that checks if the completion is the same as the ground truth."""
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    contents = [completion[0]["content"] for completion in completions]
+    rewards = []
+    for content, sol in zip(contents, solution):
+        gold_parsed = parse(sol, extraction_mode="first_match")
+        if len(gold_parsed) != 0:
+            answer_parsed = parse(
+                content,
+                extraction_config=[LatexExtractionConfig(
+                    normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                                             equations=True, boxed="all", units=True),
+                    boxed_match_priority=0, try_extract_without_anchor=False)],
+                extraction_mode="first_match")
+            try:
+                reward = float(verify(gold_parsed, answer_parsed))
+            except Exception:
+                reward = None
+        else:
+            reward = None
+        rewards.append(reward)
+    return rewards
+
+
+def test_trl_accuracy_reward_runs_unchanged():
+    fn = [("accuracy_reward", UserReward(accuracy_reward, True, "prompt"), 1.0)]
+    out = score_rewards(fn, ["q"] * 3, ["so $\\boxed{2}$", "it is $\\boxed{3}$", "x"],
+                        {"prompt": CONVERSATIONS[:1] * 3, "solution": ["$2$", "$2$", "no math here"]})
+    np.testing.assert_array_equal(out.components["accuracy_reward"], [1.0, 0.0, 0.0])
+    assert out.metrics["reward/accuracy_reward/none_frac"] == 1 / 3  # the unparseable gold
+
+
 CONVERSATIONS = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
                  [{"role": "user", "content": "2+3?"}]]
 TEXTS = ["<think>easy</think><answer>2</answer>", " 5"]

@@ -13,6 +13,7 @@ surrogate, ratio, aggregation, KL estimator) are the keys of the registries in `
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,6 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.kwargs = ml_collections.ConfigDict()  # per-function keyword arguments: reward.kwargs.<name>.<arg>
     c.reward.on_error = "raise"  # a reward fn that raises: "raise" (stop, naming fn and row) | "zero"
     c.reward.self_test = "warn"  # start-up reward check on probe completions; one paid like a correct answer: warn | error | off (no check)
+    c.reward.completion_format = "auto"  # completions to user reward functions: auto (TRL's message lists for a conversational dataset, else strings) | text | messages
 
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()
@@ -256,6 +258,8 @@ def from_dict(values: Mapping[str, Any], base: ml_collections.ConfigDict | None 
             node, path = node[p], path + p + "."
         if leaf not in node and not _free_form(path + leaf):
             raise ValueError(f"config.{path + leaf} is not a config field{suggest_fields(leaf, node, path)}")
+        if isinstance(value, os.PathLike):  # a pathlib.Path for model.path, data.path, ...: its string
+            value = os.fspath(value)
         try:
             node[leaf] = value
         except TypeError as e:  # a typed field given another type

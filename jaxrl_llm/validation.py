@@ -16,6 +16,7 @@ from jaxrl_llm import rl
 from jaxrl_llm.data.config import validate_data_config
 from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
+from jaxrl_llm.trl_names import trl_hint
 
 FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
@@ -211,8 +212,8 @@ def _validate_off_policy(c) -> None:
     _check(c, "correction.cap", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = the mode's default)")
     _check(c, "correction.lower", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = 1/cap)")
     cap, lower = rl.correction_bounds(c.correction.mode, c.correction.cap, c.correction.lower)
-    if lower > cap:
-        _fail("correction.lower", f"at most the cap {cap}", c.correction.lower)
+    if c.correction.mode in rl.MASK_MODES and lower > cap:  # truncation modes never read the lower bound
+        _fail("correction.lower", f"at most the cap {cap} (0 = 1/cap)", c.correction.lower)
     _check(c, "rollout.max_staleness", lambda v: _is_int(v) and 0 <= v < c.total_steps,
            "an int in [0, total_steps) (updates between the sampling policy and the trained one)")
     _check(c, "mesh.rollout_devices", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = sample on the training mesh)")
@@ -281,6 +282,7 @@ def _validate_io(c) -> None:
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
     _check(c, "reward.self_test", lambda v: v in ("warn", "error", "off"), "warn, error or off")
+    _check(c, "reward.completion_format", lambda v: v in ("auto", "text", "messages"), "auto, text or messages")
 
 
 def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:
@@ -303,6 +305,9 @@ def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict
 
 
 def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> str:
+    trl = trl_hint(key)  # a TRL name first: difflib's nearest spelling is rarely the field meant
+    if trl:
+        return trl
     close = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.6)
     if not close:
         return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
@@ -318,6 +323,8 @@ def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
         if (prefix + key) in FREE_FORM:
             return None
         last = i == len(parts) - 1
+        if key not in node and last and trl_hint(key):
+            return f"unknown config field '{prefix}{key}'{trl_hint(key)}"
         if key not in node:
             names = [k for k in node.keys() if last or isinstance(node[k], ml_collections.ConfigDict)]
             close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)

@@ -65,6 +65,7 @@ def test_rerun_with_other_rows_or_rewards_is_refused(tmp_path):
     wd = str(tmp_path / "run")
     jaxrl_llm.Trainer(tiny(), wd, rewards=[echo_length], dataset=ROWS)  # writes config.json
     jaxrl_llm.Trainer(tiny(), wd, rewards=[echo_length], dataset=list(ROWS))  # same inputs: resumable
+    os.makedirs(os.path.join(wd, "checkpoints", "1"))  # as if it saved a step (before one, a workdir is new)
     with pytest.raises(ValueError, match=r"holds a run with another config \(data.path: '<in-memory dataset"):
         jaxrl_llm.Trainer(tiny(), wd, rewards=[echo_length], dataset=ROWS[:4])
     with pytest.raises(ValueError, match=r"holds a run with another config \(reward.functions:"):

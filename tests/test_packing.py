@@ -180,6 +180,35 @@ def test_packed_score_and_update_equal_unpacked(runs):
                                getattr(s_want, new), getattr(s_got, new))
 
 
+def test_rows_without_loss_tokens_are_not_packed_and_change_nothing(runs):
+    """A filler group (DAPO: loss_mask 0) is left out of the packing plans: its outputs are 0, and the
+    statistics and the update equal the unpacked pass, which does score it."""
+    t = runs[0][32]
+    state = t.state
+    local, _, _ = t.rollouts.collect(state.params, jax.random.PRNGKey(4))
+    local = dict(local, valid=np.asarray(local["valid"]).copy())
+    local["valid"][2:4] = 0.0  # prompt 1's group: filler rows
+    b = t.rollouts.device_batch(local)
+    ref = t.frozen_ref if state.ref_params is None else state.ref_params
+    pidx = jnp.array([3, 0, 2, 1])
+    with sharding.use_mesh(t.mesh):
+        pack = t.packer.score(b)
+        assert np.all(np.asarray(pack["row"])[1, :2] < 0)  # chunk 1 holds prompts 1 and 3: 1's rows unpacked
+        want, got = t.fns.score(state, ref, b), t.fns.score(state, ref, b, pack)
+        assert not np.any(np.asarray(got["old_logp"])[2:4]) and np.any(np.asarray(want["old_logp"])[2:4])
+        out = []
+        for scored, plan in ((want, None), (got, t.packer.update(pidx))):
+            bb = {**b, **scored}
+            fields, stats = t.fns.prepare(bb, state.kl.value)
+            bb.update(fields)
+            out.append((stats, t.fns.update(jax.tree_util.tree_map(jnp.copy, state), bb, pidx, plan)[1]))
+    (s_want, m_want), (s_got, m_got) = out
+    for k in s_want:
+        np.testing.assert_allclose(s_got[k], s_want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for k in m_want:
+        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 def test_pack_length_shorter_than_a_row_is_refused(tmp_path):
     c = packed_config(**{"train.pack_length": 8})
     with pytest.raises(ValueError, match=r"config.train.pack_length must be 0 \(off\) or at least "

@@ -227,8 +227,9 @@ def test_nan_and_inf_skip_the_update_count_it_and_stop_after_k(reference_run, co
                           capture_output=True, text=True, env=env, cwd=fr.ROOT, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = fr.error_lines(proc.stderr, "jaxrl_llm.train")
-    assert errors == ["jaxrl_llm.train: error: 2 consecutive updates had NaN/inf loss or gradients (step 5); "
-                      "stopped with the last good checkpoint intact (train.max_nonfinite_steps=2)"], proc.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith(
+        "jaxrl_llm.train: error: 2 consecutive updates had NaN/inf loss or gradients (step 5); stopped with the "
+        "last good checkpoint intact (train.max_nonfinite_steps=2); likely causes: "), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     rows = fr.read_jsonl(wd / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]

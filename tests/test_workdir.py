@@ -1,5 +1,6 @@
 """check_workdir's comparison of a workdir's config.json with the new run's config (no training)."""
 import json
+import logging
 
 import pytest
 
@@ -13,8 +14,11 @@ def _resolved(**overrides):
     return cfg.prepare(cfg.from_dict({**base, **overrides}))
 
 
-def _write(tmp_path, resolved, drop=()):
-    """config.json as an earlier library version would have written it: without the fields in `drop`."""
+def _write(tmp_path, resolved, drop=(), saved=True):
+    """config.json as an earlier library version would have written it: without the fields in `drop`;
+    `saved`: the run committed a checkpoint (step 3)."""
+    if saved:
+        (tmp_path / "checkpoints" / "3").mkdir(parents=True)
     d = json.loads(resolved.to_json())
     for path in drop:
         *parents, leaf = path.split(".")
@@ -54,3 +58,25 @@ def test_a_changed_value_refuses(tmp_path):
     _write(tmp_path, _resolved())
     with pytest.raises(ValueError, match=r"another config \(rollout.top_k: 0 there, 5 now\)"):
         check_workdir(str(tmp_path), _resolved(rollout={"max_new_tokens": 8, "top_k": 5}))
+
+
+def test_a_run_that_never_saved_a_step_is_replaced(tmp_path, caplog):
+    """Before: a start that failed at its first step (a reward raising) left config.json and an empty
+    checkpoints/, and the rerun with the fix was refused as "another config"."""
+    _write(tmp_path, _resolved(), saved=False)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "replaced-20250101-000000").mkdir()  # an earlier run kept aside stays
+    with caplog.at_level(logging.WARNING):
+        check_workdir(str(tmp_path), _resolved(rollout={"max_new_tokens": 8, "top_k": 5}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replaced-20250101-000000"]
+    assert "(rollout.top_k: 0 there, 5 now) that never saved a step: starting it as new, its files replaced" \
+        in caplog.text
+
+
+def test_an_unsaved_run_that_logged_steps_is_moved_aside(tmp_path):
+    _write(tmp_path, _resolved(), saved=False)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    check_workdir(str(tmp_path), _resolved(rollout={"max_new_tokens": 8, "top_k": 5}))
+    (aside,) = list(tmp_path.iterdir())
+    assert aside.name.startswith("replaced-") and (aside / "metrics.jsonl").read_text() == '{"step": 1}\n'

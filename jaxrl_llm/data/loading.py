@@ -125,6 +125,18 @@ def _first_bad_json_line(path: str) -> str | None:
 # Prompt building and tokenization.
 
 
+# Columns that usually hold the prompt (TRL's is `prompt`), in the order they are suggested.
+_PROMPT_COLUMNS = ("prompt", "messages", "question", "problem", "query", "instruction", "input")
+
+
+def _column_hint(config, missing: list[str], available: list[str]) -> str:
+    """'; set data.prompt_column=prompt' when the prompt column is missing and a usual one is present."""
+    if config.prompt_template or config.prompt_column not in missing:
+        return ""
+    present = [c for c in _PROMPT_COLUMNS if c in available]
+    return f"; set data.prompt_column={present[0]} (TRL's default column is prompt)" if present else ""
+
+
 def _required_columns(config) -> list[str]:
     if config.prompt_template:
         needed = prompts_lib.template_fields(config.prompt_template)
@@ -192,6 +204,7 @@ def prepare_prompts(
     if missing:
         raise ValueError(
             f"dataset lacks the configured column(s) {missing}; available columns: {dataset.column_names}"
+            f"{_column_hint(config, missing, dataset.column_names)}"
         )
 
     chat = _chat_enabled(config, tokenizer)

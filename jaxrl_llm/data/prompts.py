@@ -50,7 +50,8 @@ def template_fields(template: str) -> list[str]:
     return fields
 
 
-def _is_messages(value: Any) -> bool:
+def is_messages(value: Any) -> bool:
+    """Whether `value` is a conversation: a non-empty list of {"role", "content"} dicts."""
     return (
         isinstance(value, Sequence)
         and not isinstance(value, str)
@@ -76,7 +77,7 @@ def user_prompt(row: Mapping[str, Any], *, prompt_column: str, prompt_template: 
         except (KeyError, IndexError, AttributeError, ValueError, TypeError) as e:
             raise ValueError(f"data.prompt_template could not be filled from row {index}: {e!r}") from None
     value = row[prompt_column]
-    if isinstance(value, str) or _is_messages(value):
+    if isinstance(value, str) or is_messages(value):
         return value
     raise ValueError(
         f"data.prompt_column {prompt_column!r} of row {index} holds {type(value).__name__}, "

@@ -129,8 +129,9 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
             step, params = adapters.restore_policy(mc, base, ckpt, step, mesh, workdir)
         finally:
             ckpt.close()
-    evaluator = evaluate.Evaluator(c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id,
-                                   evaluate.load_eval_data(c, tokenizer))
+    rows = evaluate.load_eval_data(c, tokenizer)
+    reward_fns = setup.user_rewards(evaluate.reward_config(c), reward_fns, rows)  # as training passed them
+    evaluator = evaluate.Evaluator(c, mc, mesh, tokenizer, reward_fns, eos_ids, pad_id, rows)
     metrics, samples = evaluator(params, step=step if source == "checkpoint" else 0)
     return metrics, samples, step if source == "checkpoint" else None, evaluator.num_prompts
 

@@ -17,7 +17,8 @@ from jaxrl_llm.rewards.code import (
     run_sandboxed,
     sandbox_layers,
 )
-from jaxrl_llm.rewards.calling import TRAINER_FIELDS, TrainerState, check_reward_parameters, generation_fields
+from jaxrl_llm.rewards.calling import (TRAINER_FIELDS, TrainerState, UserReward, check_reward_parameters,
+                                       generation_fields)
 from jaxrl_llm.rewards.format import DEFAULT_FORMAT_PATTERN, format_reward
 from jaxrl_llm.rewards.math import (
     extract_answer,
@@ -61,6 +62,7 @@ __all__ = [
     "RewardModel",
     "TRAINER_FIELDS",
     "TrainerState",
+    "UserReward",
     "check_reward_parameters",
     "generation_fields",
     "DEFAULT_FORMAT_PATTERN",

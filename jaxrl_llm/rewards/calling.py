@@ -49,8 +49,41 @@ class _Signature:
 _CACHE: dict[int, tuple[Callable[..., Any], _Signature]] = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class UserReward:
+    """A reward function of the user's (a callable or `module:function`, not a registry name), with the
+    form its completions take (`reward.completion_format`): `messages` = TRL's conversational form, one
+    `[{"role": "assistant", "content": text}]` per row, with `prompts` the rows' conversations (the
+    `prompt_column`'s message lists, else the user text as one user message); else strings. A TypeError
+    or AttributeError raised inside it gets a hint naming the switch."""
+
+    fn: Callable[..., Any]
+    messages: bool
+    prompt_column: str = ""
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def inputs(self, prompts: list, completions: list, columns: Mapping[str, Any]) -> tuple[list, list]:
+        if not self.messages:
+            return prompts, completions
+        conversations = columns.get(self.prompt_column) if self.prompt_column else None
+        if conversations is None or not all(isinstance(c, list) for c in conversations):
+            conversations = [[{"role": "user", "content": p}] for p in prompts]
+        return list(conversations), [[{"role": "assistant", "content": c}] for c in completions]
+
+    def hint(self) -> str:
+        if self.messages:
+            return ("(completions are TRL's conversational form here, a list [{'role': 'assistant', 'content': "
+                    "text}] per row: read completion[0]['content'], or set reward.completion_format=text for strings)")
+        return ("(completions are strings here; reward.completion_format=messages passes TRL's conversational "
+                "form, a list [{'role': 'assistant', 'content': text}] per row)")
+
+
 def _signature(fn: Callable[..., Any]) -> _Signature:
     """The parameters of `fn`, read once (keyed by identity; the function is kept alive with its entry)."""
+    if isinstance(fn, UserReward):
+        return _signature(fn.fn)
     hit = _CACHE.get(id(fn))
     if hit is not None and hit[0] is fn:
         return hit[1]
@@ -99,7 +132,27 @@ def missing_parameters(fn: Callable[..., Any], available: Collection[str]) -> li
 
 def call_reward(fn: Callable[..., Any], prompts: list[str], completions: list[str], columns: Mapping[str, Any]):
     """`fn` called with what it declares: by keyword (everything, with **kwargs), or positionally for the
-    old `(prompts, completions, **columns)` style."""
+    old `(prompts, completions, **columns)` style. A `UserReward` gets its form of the completions, and a
+    TypeError raised inside it gets the hint naming `reward.completion_format`."""
+    if not isinstance(fn, UserReward):
+        return _call(fn, prompts, completions, columns)
+    prompts, completions = fn.inputs(prompts, completions, columns)
+    try:
+        return _call(fn.fn, prompts, completions, columns)
+    except (TypeError, AttributeError) as e:  # `c[0]["content"]` on a string, `c.strip()` on a list, ...
+        if _depth(e.__traceback__) < 3:  # raised by the call itself (call_reward, _call), not by the body
+            raise
+        raise type(e)(f"{e} {fn.hint()}") from e
+
+
+def _depth(tb) -> int:
+    n = 0
+    while tb is not None:
+        n, tb = n + 1, tb.tb_next
+    return n
+
+
+def _call(fn, prompts, completions, columns):
     sig = _signature(fn)
     if sig.bound:  # a dataset column named like a configured option does not replace the option
         columns = {k: v for k, v in columns.items() if k not in sig.bound}

@@ -15,7 +15,7 @@ from jaxrl_llm.rl.advantages import (
     token_rewards,
     whiten,
 )
-from jaxrl_llm.rl.correction import CORRECTION_MODES, correction_bounds, rollout_correction
+from jaxrl_llm.rl.correction import CORRECTION_MODES, MASK_MODES, correction_bounds, rollout_correction
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.losses import (
     AGGREGATE_MODES,
@@ -36,6 +36,7 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATE_MODES",
     "CORRECTION_MODES",
+    "MASK_MODES",
     "ESTIMATORS",
     "KL_KINDS",
     "KL_PLACEMENTS",

@@ -31,9 +31,15 @@ DEFAULT_CAPS = {"none": 2.0, "token_truncate": 2.0, "token_mask": 2.0, "sequence
 _LOG_RATIO_CLAMP = 20.0
 
 
+MASK_MODES = ("token_mask", "sequence_mask", "geometric_mask")  # the modes that read a lower bound
+
+
 def correction_bounds(mode: str, cap: float | None = None, lower: float | None = None) -> tuple[float, float]:
-    """(cap, lower) of `mode`, the defaults filling what is None (or 0)."""
+    """(cap, lower) of `mode`, the defaults filling what is None (or 0). Only the mask modes use `lower`;
+    the others (truncation) return 0 for it, so a cap below 1 with no lower bound is valid for them."""
     cap = cap or DEFAULT_CAPS[mode]
+    if mode not in MASK_MODES:
+        return cap, 0.0
     return cap, (lower if lower else 1.0 / cap)
 
 
@@ -57,7 +63,7 @@ def rollout_correction(behavior_logp, proximal_logp, mask, *, mode="none", cap=N
     check_shape(fn, "proximal_logp", proximal_logp, jnp.shape(behavior_logp))
     check_shape(fn, "mask", mask, jnp.shape(behavior_logp))
     cap, lower = correction_bounds(mode, cap, lower)
-    if not 0 < lower <= cap:
+    if mode in MASK_MODES and not 0 < lower <= cap:
         raise ValueError(f"{fn}: the bounds must satisfy 0 < lower <= cap, got lower={lower}, cap={cap}")
 
     m = jnp.asarray(mask) != 0

@@ -202,28 +202,35 @@ class Objective:
         """(new batch fields, statistics) of a scored rollout batch, before its updates: the rollout
         correction (`is_weights`, and `loss_mask` without the rejected tokens), then the advantages
         (`adv`, `returns`) on what is kept."""
-        weights, keep, stats = rollout_correction(b["behavior_logp"], b["old_logp"], b["mask"],
+        # Rows without loss tokens (DAPO's fillers, masked truncations) are not trained, and with sequence
+        # packing not even scored (their log-probs are 0): the statistics read the other rows alone.
+        seen_rows = jnp.any(b["loss_mask"] > 0, axis=1)
+        seen = b["mask"] * seen_rows[:, None]
+        weights, keep, stats = rollout_correction(b["behavior_logp"], b["old_logp"], seen,
                                                   mode=self.correction_mode, cap=self.correction_cap,
                                                   lower=self.correction_lower)
         loss_mask = b["loss_mask"] * keep
-        adv, returns, kl_stats = self.advantages({**b, "loss_mask": loss_mask}, kl_coef)
-        return {"adv": adv, "returns": returns, "loss_mask": loss_mask, "is_weights": weights}, {**stats, **kl_stats}
+        adv, returns, kl_stats = self.advantages({**b, "loss_mask": loss_mask}, kl_coef, seen)
+        return ({"adv": adv, "returns": returns, "loss_mask": loss_mask, "is_weights": weights,
+                 "seen_rows": seen_rows.astype(jnp.float32)}, {**stats, **kl_stats})
 
-    def advantages(self, b, kl_coef):
+    def advantages(self, b, kl_coef, seen=None):
         """(advantages (N,) or (N,T), returns (N,T) or None, KL statistics) of a scored rollout batch.
 
-        kl_coef: the current β (traced). Statistics: `kl/ref` (token-mean k3 of the rollout against the
+        kl_coef: the current β (traced). seen: (N,T) the tokens the KL reads (default `mask`; `prepare`
+        passes those of the rows with loss tokens). Statistics: `kl/ref` (token-mean k3 of the rollout against the
         reference) and `kl/seq_sum` (mean over rows of the summed estimator: the adaptive controller's
         input); empty without a reference. A KL in the reward reaches an estimator of sequence scores
         (group, RLOO) as score − β·Σ_t KL_t.
         """
-        mask, stats, penalty = b["mask"], {}, None
+        mask, stats, penalty = (b["mask"] if seen is None else seen), {}, None
         estimator = ESTIMATORS[self.estimator]
         if self.uses_ref:
             k3 = kl_penalty(b["old_logp"], b["ref_logp"], "k3")
             stats["kl/ref"] = aggregate(k3, mask, "token-mean")
             kl_tok = jnp.where(mask > 0, kl_penalty(b["old_logp"], b["ref_logp"], self.kl_estimator), 0.0)
-            stats["kl/seq_sum"] = jnp.mean(jnp.sum(kl_tok, axis=1))
+            rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=1)), 1)
+            stats["kl/seq_sum"] = jnp.sum(kl_tok) / rows  # mean over the rows it reads of the summed estimator
             if self.kl_placement == "reward":
                 penalty = kl_coef * kl_tok
                 if not estimator.token_rewards:
@@ -239,7 +246,9 @@ class Objective:
                "value": aggregate_denominator(loss_mask, "token-mean")}
         if self.nll_coef > 0:
             den["nll"] = jnp.sum(self._nll_mask(mb))
-        return den
+        # Counts of tokens or rows, hence >= 1 unless the minibatch has no loss token, whose sums are 0:
+        # at least 1, an empty minibatch contributes 0 (every term's 0/0 would be NaN).
+        return {k: jnp.maximum(v, 1.0) for k, v in den.items()}
 
     def _nll_mask(self, mb):
         """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
@@ -275,14 +284,34 @@ class Objective:
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
                    "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
         if self.nll_coef > 0:
-            nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / jnp.maximum(den["nll"], 1.0)
+            nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / den["nll"]
             loss = loss + self.nll_coef * nll
             metrics["policy/nll"] = nll  # micro-batch shares of the step's NLL: they add up
         return loss, metrics
 
     def value_loss(self, values, mb, den):
-        """Clipped value loss of one micro-batch (token-mean over the step's loss tokens) and metrics."""
+        """Clipped value loss of one micro-batch (token-mean over the step's loss tokens) and metrics. The
+        explained variance is returned as additive parts (`value/ev_parts`): micro-batches add them and
+        `explained_variance` finishes it over the whole minibatch (a ratio of variances does not average)."""
         vl, vm = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"], clip=self.value_clip,
                             aggregate="token-mean", denominator=den["value"])
         ntok = jnp.sum(mb["loss_mask"])
-        return vl, {"value/loss": vl, **{f"value/{k}_sum": v * ntok for k, v in vm.items()}}
+        return vl, {"value/loss": vl, **{f"value/{k}_sum": v * ntok for k, v in vm.items() if k != "explained_var"},
+                    "value/ev_parts": explained_variance_parts(values, mb["returns"], mb["loss_mask"])}
+
+
+def explained_variance_parts(values, returns, mask):
+    """(5,) float32 additive parts of 1 − Var(R−V)/Var(R) over the mask's tokens: [n, ΣR, ΣR², Σe, Σe²]
+    with e = R − V. values, returns, mask: (n,T)."""
+    m = (mask > 0).astype(jnp.float32)
+    r = jnp.where(m > 0, returns.astype(jnp.float32), 0.0)
+    e = jnp.where(m > 0, r - values.astype(jnp.float32), 0.0)
+    return lax.stop_gradient(jnp.stack([jnp.sum(m), jnp.sum(r), jnp.sum(r * r), jnp.sum(e), jnp.sum(e * e)]))
+
+
+def explained_variance(parts):
+    """1 − Var(R−V)/Var(R) from the summed `explained_variance_parts` (0 when Var(R) = 0 or no token)."""
+    n = jnp.maximum(parts[0], 1.0)
+    var_r = jnp.maximum(parts[2] / n - jnp.square(parts[1] / n), 0.0)
+    var_e = jnp.maximum(parts[4] / n - jnp.square(parts[3] / n), 0.0)
+    return jnp.where(var_r > 0, 1.0 - var_e / jnp.where(var_r > 0, var_r, 1.0), 0.0)

@@ -19,7 +19,6 @@ P prompt tokens (left-padded), T completion tokens (right-padded).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import time
@@ -44,8 +43,9 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, async_rollout, feedback, report, reward_check, setup
+from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, reward_check, setup
 from jaxrl_llm.trainer.rollout import Rollouts
+from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trainer.packs import Packer
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
@@ -60,18 +60,19 @@ class Trainer:
     config: a ConfigDict (`jaxrl_llm.base_config()` or a config file's) or a dict of fields (nested, or
       dotted keys such as "rollout.group_size"); validated once, with unknown fields refused.
     workdir: a local path or a URL that etils.epath and Orbax read (gs://...).
-    rewards: reward functions replacing `reward.functions`: callables (called by keyword with the
-      inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names or
-      "module:function" paths, each optionally as (reward, weight).
+    rewards: reward functions replacing `reward.functions`: one, or a list of callables (called by keyword
+      with the inputs they declare: `completions`, dataset columns, ...; docs/rewards.md), registry names
+      or "module:function" paths, each optionally as (reward, weight); without weights in the list the
+      config's `reward.weights` apply.
     dataset: prompt rows replacing `data.path`/`data.task`: a `datasets.Dataset` or a list of dicts with
       the configured prompt (and answer) columns.
     devices: those of the mesh, all of `jax.devices()` by default.
     """
 
     def __init__(self, config: ml_collections.ConfigDict | Mapping[str, Any], workdir: str, *,
-                 rewards: Sequence[Any] | None = None, dataset: Any = None, devices=None):
+                 rewards: Sequence[Any] | Callable[..., Any] | str | None = None, dataset: Any = None, devices=None):
         t0 = time.perf_counter()
-        c, callables, rows = _with_python_inputs(config, rewards, dataset)
+        c, callables, rows = python_inputs(config, rewards, dataset)
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
@@ -91,6 +92,7 @@ class Trainer:
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats, held_out = setup.load_data(c, self.tokenizer, rows)
+        self.reward_fns = setup.user_rewards(c, self.reward_fns, dataset)  # their form of the completions
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
         self.data = setup.data_iterator(c, dataset)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
@@ -149,7 +151,8 @@ class Trainer:
         """The held-out evaluation; its rewards are the training ones unless eval.rewards names others."""
         ec = evaluate.reward_config(self.c)
         same = config_lib.reward_specs(ec) == config_lib.reward_specs(self.c)
-        fns = self.reward_fns if same else setup.build_rewards(ec, self.mesh, callables)
+        fns = self.reward_fns if same else setup.user_rewards(ec, setup.build_rewards(ec, self.mesh, callables),
+                                                              eval_rows)
         return evaluate.Evaluator(self.c, self.mc, self.mesh, self.tokenizer, fns, self.eos_ids, self.pad_id,
                                   eval_rows)
 
@@ -283,7 +286,11 @@ class Trainer:
                         self.writer.write_samples(step + 1, samples)
                     history.append(m)
                     progress.update(m)
-                    self._check_finite(state, step)
+                    if m.get("train/empty_updates"):
+                        log.warning("step %d: %d update(s) had no loss token and were skipped (train/empty_updates; "
+                                    "not counted as non-finite): %s", step + 1, int(m["train/empty_updates"]),
+                                    diagnose.empty_cause(c, m))
+                    self._check_finite(state, step, m)
                     if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
                         self.save(state)
                     reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed
@@ -317,13 +324,13 @@ class Trainer:
         self.writer.close()
         raise Preempted(reason, int(state.step), self.c.total_steps, str(self.workdir))
 
-    def _check_finite(self, state, step: int) -> None:
+    def _check_finite(self, state, step: int, m: dict[str, float]) -> None:
         if int(state.nonfinite) >= self.c.train.max_nonfinite_steps:
             self.ckpt.wait()
             raise FloatingPointError(
                 f"{int(state.nonfinite)} consecutive updates had NaN/inf loss or gradients (step {step + 1}); "
                 f"stopped with the last good checkpoint intact (train.max_nonfinite_steps="
-                f"{self.c.train.max_nonfinite_steps})")
+                f"{self.c.train.max_nonfinite_steps}); {diagnose.nonfinite_causes(self.c, m)}")
 
     def finish(self):
         """Export, plot and the DONE marker (process 0)."""
@@ -355,30 +362,3 @@ def _write_dir(path: epath.Path, write: Callable[[str], None]) -> None:
         fs.write_via_local_dir(path, write)
     else:
         write(str(path))
-
-
-def _with_python_inputs(config, rewards: Sequence[Any] | None, dataset: Any):
-    """(the prepared config, reward callables, dataset rows): Python-API inputs are recorded in the
-    config (rewards by name or `module:qualname`, the dataset by a fingerprint), so that config.json
-    describes the run and a rerun with other inputs is refused by the workdir check."""
-    from jaxrl_llm.data.loading import as_dataset  # `datasets` only when the run starts
-
-    c = config_lib.from_dict(config) if isinstance(config, Mapping) else copy.deepcopy(config)
-    callables: list[Callable[..., Any]] = []
-    if rewards is not None:
-        names, weights = [], []
-        for r in rewards:
-            fn, weight = r if isinstance(r, tuple) else (r, 1.0)
-            if callable(fn) and not isinstance(fn, str):
-                callables.append(fn)
-                fn = setup.reward_name(fn)
-            names.append(str(fn))
-            weights.append(str(float(weight)))
-        c.reward.functions, c.reward.weights = ",".join(names), ",".join(weights)
-    rows = None
-    if dataset is not None:
-        if c.data.path or c.data.task:
-            raise ValueError("pass the prompts either as dataset= or as config.data.path/data.task, not both")
-        rows = as_dataset(dataset)
-        c.data.path = f"<in-memory dataset {rows._fingerprint}>"
-    return config_lib.prepare(c), callables, rows

@@ -10,11 +10,20 @@ pass for a handful of shapes at most. Models/packing.py does the packing itself,
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models.packing import pack_efficiency, plan_packs, sequence_lengths
 from jaxrl_llm.trainer.steps import attended
+
+
+def trained_lengths(prompt_mask, mask, loss_mask):
+    """(N,) packed length of each row (`sequence_lengths`), 0 for a row without loss tokens: DAPO's filler
+    rows and masked truncations are not trained, so they are not packed either (their outputs are 0).
+    prompt_mask (B,P), mask and loss_mask (N,T)."""
+    trained = jnp.any(loss_mask > 0, axis=1, keepdims=True)
+    return sequence_lengths(prompt_mask, jnp.where(trained, mask, 0))
 
 
 class Packer:
@@ -24,7 +33,7 @@ class Packer:
         self.pack_length, self.group_size = pack_length, group_size
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
-        self.lengths_fn = jax.jit(sequence_lengths, out_shardings=sharding.replicated(mesh))
+        self.lengths_fn = jax.jit(trained_lengths, out_shardings=sharding.replicated(mesh))
         self.rows = {"score": 0, "update": 0}  # high-water marks of the packed-row counts
         self.lengths = None
         self.efficiency: list[float] = []
@@ -39,7 +48,7 @@ class Packer:
 
     def score(self, b) -> dict:
         """The score chunks' plans (leading axis k); reads the batch's lengths for the step's updates."""
-        self.lengths = np.asarray(self.lengths_fn(b["prompt_mask"], attended(b)))
+        self.lengths = np.asarray(self.lengths_fn(b["prompt_mask"], attended(b), b["loss_mask"]))
         self.efficiency = []
         n_prompts = b["prompt_tokens"].shape[0]
         return self._plan("score", np.arange(n_prompts).reshape(-1, self.score_chunks).T)

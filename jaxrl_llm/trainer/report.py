@@ -18,11 +18,13 @@ def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, r
     # Updates of this step skipped for a NaN/inf loss or gradient, and the consecutive ones so far
     # (the run stops when they reach train.max_nonfinite_steps).
     m["train/skipped_updates"] = float(sum(float(x["train/skipped_updates"]) for x in step_metrics))
+    # Updates with no loss token (skipped, never counted as non-finite): their causes, `empty_cause`.
+    m["train/empty_updates"] = float(sum(float(x["train/empty_updates"]) for x in step_metrics))
     m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
     # Before the first update the policy is the sampler's: that step's difference is the sampler's.
     m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
     if recompute:
-        valid = b["mask"] > 0
+        valid = (b["mask"] > 0) & (b["seen_rows"][:, None] > 0)  # rows without loss tokens may be unscored
         m["sampler/logp_diff_max"] = float(jnp.max(jnp.where(valid, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0)))
     m.update({k: float(v) for k, v in jax.device_get(kl_stats).items() if k != "kl/seq_sum"})
     m["kl/coef"] = float(kl_coef)

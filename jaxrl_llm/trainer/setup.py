@@ -21,13 +21,14 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm import sharding
 from jaxrl_llm.data import (iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts,
                             split_held_out)
+from jaxrl_llm.data.prompts import is_messages
 from jaxrl_llm.data.tasks import load_task
 from jaxrl_llm.evaluate.evaluator import eval_source
 from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value, lora,
                               param_logical_axes, value_logical_axes)
 from jaxrl_llm.models.config import read_hf_config
 from jaxrl_llm.models.kernels import check_attention
-from jaxrl_llm.rewards import get_reward_fn
+from jaxrl_llm.rewards import UserReward, get_reward_fn
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.adapters import model_fields
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -199,6 +200,20 @@ def build_rewards(c, mesh, callables: Sequence[Callable[..., Any]] = ()) -> list
             kwargs.setdefault("rules", sharding.LOGICAL_RULES)
         out.append((*get_reward_fn(spec if fn is None else fn, **kwargs), weight))
     return out
+
+
+def user_rewards(c, reward_fns: list, dataset) -> list[tuple[str, Any, float]]:
+    """`reward_fns` with the user's functions (callables, `module:function` paths) as `UserReward`s taking
+    their completions in `reward.completion_format`'s form: with `auto`, TRL's message lists when the
+    dataset's prompt column holds conversations, else strings. The registry's rewards parse text: they
+    keep strings."""
+    fmt, d = c.reward.completion_format, c.data
+    conversational = (not d.prompt_template and d.prompt_column in dataset.column_names and len(dataset) > 0
+                      and is_messages(dataset[0][d.prompt_column]))
+    messages = fmt == "messages" or (fmt == "auto" and conversational)
+    column = d.prompt_column if conversational else ""
+    return [(name, UserReward(fn, messages, column) if ":" in spec else fn, weight)
+            for (spec, _), (name, fn, weight) in zip(config_lib.reward_specs(c), reward_fns)]
 
 
 def reward_name(fn: Callable[..., Any]) -> str:

@@ -29,6 +29,7 @@ from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.packing import packed_logprobs, packed_values
 from jaxrl_llm.rl import Objective
+from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
 
 _EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combined by min/max, not summed
@@ -131,7 +132,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
                             dropout_rng=dropout_rng, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
-        aux["logp_diff_max"] = jnp.max(jnp.where(mb["mask"] > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
+        seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
+        aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
             vl, vaux = objective.value_loss(values_of(mc, vparams, mb, **packing), mb, den)
             loss, aux = loss + vl, {**aux, **vaux}
@@ -141,7 +143,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's).
         `pack`: None, or the micro-batches' packing plans (leading axis grad_accum)."""
-        den = objective.denominators(minibatch(b, pidx, plan.group_size))
+        mb = minibatch(b, pidx, plan.group_size)
+        den = objective.denominators(mb)
         # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
         grad_fn = jax.value_and_grad(losses, argnums=(0, 1) if train_policy else (1,), has_aux=True)
 
@@ -162,15 +165,18 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                 return jax.tree_util.tree_map(jnp.add, acc, out), ext
             acc, more = jax.lax.scan(body, acc, jax.tree_util.tree_map(lambda x: x[1:], micro))
             extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
-        return acc, extremes
+        return acc, extremes, jnp.sum(mb["loss_mask"]) == 0
 
     def update(state, b, pidx, pack=None, base=None):
-        """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite.
+        """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite
+        (counted towards train.max_nonfinite_steps) or when the minibatch has no loss token (an empty
+        update: DAPO kept no group, every row masked; it carries no gradient, and even a zero gradient
+        would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), (rmin, rmax, diff) = gradients(state, b, pidx, pack, base)
+        (loss, grads, aux), (rmin, rmax, diff), empty = gradients(state, b, pidx, pack, base)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
-        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         params, opt_state = state.params, state.opt_state
         if train_policy:
             updates, opt_state = tx.update(g, state.opt_state, state.params)
@@ -179,21 +185,25 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         if objective.value:
             vupdates, value_opt_state = value_tx.update(vg, state.value_opt_state, state.value_params)
             value_params = optax.apply_updates(state.value_params, vupdates)
-            ok = ok & jnp.isfinite(optax.global_norm(vg))
+            finite = finite & jnp.isfinite(optax.global_norm(vg))
             metrics["value/grad_norm"] = optax.global_norm(vg)
+        ok = finite & ~empty
         keep = lambda new, old: jax.tree_util.tree_map(lambda a, b_: jnp.where(ok, a, b_), new, old)
         new_state = state.replace(
             params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
             value_params=keep(value_params, state.value_params),
             value_opt_state=keep(value_opt_state, state.value_opt_state),
             opt_step=state.opt_step + (ok & train_policy).astype(jnp.int32),
-            nonfinite=jnp.where(ok, 0, state.nonfinite + 1))
+            nonfinite=jnp.where(empty, state.nonfinite, jnp.where(finite, 0, state.nonfinite + 1)))
+        if "value/ev_parts" in aux:  # over the whole minibatch, whatever grad_accum
+            metrics["value/explained_var"] = explained_variance(aux.pop("value/ev_parts"))
         ntok = jnp.maximum(aux.pop("ntok"), 1.0)
         for k, v in aux.items():  # "<name>_sum" are sums weighted by tokens: back to per-token means
             metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
         metrics.update({"policy/grad_norm": gnorm, "policy/ratio_min": jnp.min(rmin),
                         "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
-                        "lr": schedule(state.opt_step), "train/skipped_updates": 1.0 - ok.astype(jnp.float32),
+                        "lr": schedule(state.opt_step), "train/skipped_updates": (~finite & ~empty).astype(jnp.float32),
+                        "train/empty_updates": empty.astype(jnp.float32),
                         "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32)})
         return new_state, metrics
     return update

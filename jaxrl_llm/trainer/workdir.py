@@ -1,13 +1,16 @@
 """The run's directory: created and checked before anything is loaded; the files that describe the run.
 
 A workdir holds one run. Starting again with the same config resumes it; with another config it is
-refused (or, with `force_new`, the old run is moved aside to `<workdir>/replaced-<time>/`, never deleted).
+refused (or, with `force_new`, the old run is moved aside to `<workdir>/replaced-<time>/`, never deleted),
+unless the old run never saved a step: there is nothing to resume, so the workdir is taken as new (the
+old files replaced, or moved aside when it logged steps) with a line saying so.
 A field the old run's config.json lacks (it was written by an earlier version) counts as its default.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +21,8 @@ from etils import epath
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import fs
 from jaxrl_llm.config import base_config
+
+log = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption (they do not change what is computed; the
 # mesh only changes float rounding: a checkpoint restores onto any mesh; evaluation draws from a stream
@@ -88,8 +93,15 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
     diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
     if not diff:
         return
+    detail = _first_difference(old, new, diff[0])
+    if not resolved.force_new and not _saved_a_step(workdir):
+        # A start that failed after writing its files (a reward raising at the first step, say) left
+        # nothing to resume: the workdir is new, and its rerun with the fix must not be refused.
+        if dist.is_main():
+            _replace_unsaved(epath.Path(workdir), detail)
+        dist.sync("replace_unsaved")
+        return
     if not resolved.force_new:
-        detail = _first_difference(old, new, diff[0])
         raise ValueError(f"workdir {workdir} holds a run with another config ({detail}); use another workdir "
                          "or --config.force_new=True to start afresh (the old run is kept aside)")
     if dist.is_main():
@@ -99,6 +111,32 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
             if not entry.name.startswith("replaced-"):
                 entry.rename(aside / entry.name)
     dist.sync("force_new")
+
+
+def _saved_a_step(workdir: str) -> bool:
+    """Whether the workdir's checkpoints/ holds a committed step (Orbax names them by the step)."""
+    ckpt = epath.Path(workdir) / "checkpoints"
+    return ckpt.is_dir() and any(e.name.isdigit() for e in ckpt.iterdir())
+
+
+def _replace_unsaved(wd: epath.Path, detail: str) -> None:
+    """Removes the files of a run that never saved a step; metrics of the steps it did log are kept
+    aside in replaced-<time>/ rather than deleted."""
+    metrics = wd / "metrics.jsonl"
+    logged = metrics.is_file() and metrics.read_text(encoding="utf-8").strip() != ""
+    aside = wd / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    if logged:
+        aside.mkdir(parents=True)
+    for entry in wd.iterdir():
+        if entry.name.startswith("replaced-"):
+            continue
+        if logged:
+            entry.rename(aside / entry.name)
+        else:
+            entry.rmtree() if entry.is_dir() else entry.unlink()
+    where = f"moved to {aside.name}/" if logged else "replaced"
+    log.warning("workdir %s holds a run with another config (%s) that never saved a step: starting it as new, "
+                "its files %s", wd, detail, where)
 
 
 def _with_added_defaults(old: dict, new: dict, default: dict) -> dict:

@@ -364,6 +364,20 @@ def test_batch_scale_std_ignores_rows_outside_the_loss():
     assert not np.allclose(unmasked[:4], want, rtol=1e-3)  # the old statistics did move
 
 
+@pytest.mark.parametrize("keep", [[1, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]])
+def test_batch_scale_with_kept_rows_alike_falls_back_to_every_row(keep):
+    """One kept row, or kept rows that scored alike, while rows outside the loss move their groups'
+    means (dapo.mask_truncated): the std of every row scales them, not eps (an advantage of ~1e6)."""
+    scores = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    got = np.asarray(rl.group_advantages(scores, 2, scale="batch", row_mask=np.array(keep)))
+    std = statistics.stdev(scores.astype(np.float64))
+    want = [(scores[i] - 0.5) / (std + 1e-6) for i in range(4)]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert np.all(np.abs(got) < 2)
+    tied = rl.group_advantages(np.full(4, 0.25, np.float32), 2, scale="batch", row_mask=np.array(keep))
+    assert np.all(np.asarray(tied) == 0)
+
+
 def test_reinforce_pp_whitens_over_the_loss_tokens():
     rng = np.random.default_rng(3)
     mask = np.ones((4, 3), np.float32)

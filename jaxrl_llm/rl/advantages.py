@@ -224,7 +224,8 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6, row_mask=N
         scale_rewards='batch') or 'none' (no division: Dr. GRPO). Stds are unbiased (ddof=1).
       eps: added to the std.
       row_mask: None, or (N,) rows that enter the loss: the 'batch' std is taken over these only (rows
-        the loss ignores, e.g. DAPO's filler groups, must not move it).
+        the loss ignores, e.g. DAPO's filler groups, must not move it), unless fewer than two of them
+        differ: then over every row (never a division by eps alone).
 
     Returns:
       (N,) float32 advantages; a group of equal rewards gives exactly 0.
@@ -239,11 +240,24 @@ def group_advantages(rewards, group_size, *, scale="group", eps=1e-6, row_mask=N
         std = jnp.sqrt(jnp.sum(jnp.square(centered), axis=1, keepdims=True) / (group_size - 1))
         adv = centered / (std + eps)
     elif scale == "batch":
-        std = _masked_std(rewards, None if row_mask is None else jnp.asarray(row_mask) != 0)
+        std = _batch_std(rewards, None if row_mask is None else jnp.asarray(row_mask) != 0)
         adv = centered / (std + eps)
     else:
         adv = centered
     return jnp.where(tied, 0.0, adv).reshape(-1)
+
+
+def _batch_std(rewards, keep):
+    """The 'batch' std: over the rows the loss sees (`keep`), or over every row when those are fewer
+    than two or all scored alike. Rows outside the loss still move their group's mean, so a kept row
+    can be centred away from 0 while the kept rows' std is 0 (one row left after
+    `dapo.mask_truncated`, say): dividing by eps alone would make its advantage ~1e6. Every row's std
+    is then the scale; it is 0 only when every reward is equal, and then every group is tied (A = 0)."""
+    if keep is None:
+        return jnp.std(rewards, ddof=1)
+    big = jnp.finfo(jnp.float32).max
+    alike = jnp.max(jnp.where(keep, rewards, -big)) <= jnp.min(jnp.where(keep, rewards, big))  # also no kept row
+    return jnp.where(alike, jnp.std(rewards, ddof=1), _masked_std(rewards, keep))
 
 
 def _masked_std(x, keep):

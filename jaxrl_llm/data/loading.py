@@ -304,7 +304,7 @@ def _warn_cut_and_empty(dataset: datasets.Dataset, config, stats: dict[str, int]
                        "'truncate_left' keeps their last tokens): raise data.max_prompt_length", max_length, cut, rows)
     if config.prompt_template or config.prompt_column not in dataset.column_names:
         return
-    empty = sum(1 for v in dataset[config.prompt_column] if prompts_lib.is_conversation(v)
+    empty = sum(1 for v in dataset[config.prompt_column] if prompts_lib.is_messages(v)
                 and any(not str(m.get("content") or "").strip() for m in v))
     if empty:
         logger.warning("%d of the %d conversations in data.prompt_column %r hold a message with empty content",

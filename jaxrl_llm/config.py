@@ -21,7 +21,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from jaxrl_llm.data.config import default_data_config
-from jaxrl_llm.presets import _COMMON, ALGOS, ASYNC_DEFAULTS, PRESETS
+from jaxrl_llm.presets import ALGOS, PRESETS, preset_defaults
 from jaxrl_llm.validation import FREE_FORM, check_fields, get_path, reward_specs, suggest_fields, validate
 
 __all__ = ["ALGOS", "PRESETS", "base_config", "from_dict", "prepare", "resolve", "reward_specs", "validate"]
@@ -232,8 +232,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.algo not in PRESETS:
         raise ValueError(f"algo {config.algo!r} is unknown; expected one of {', '.join(ALGOS)}")
     c = copy.deepcopy(config)
-    stale = ASYNC_DEFAULTS if isinstance(c.rollout.max_staleness, int) and c.rollout.max_staleness > 0 else {}
-    for path, value in {**_COMMON, **PRESETS[c.algo], **stale}.items():
+    for path, value in preset_defaults(c.algo, c.rollout.max_staleness).items():
         if get_path(c, path) is None:
             _set_path(c, path, value)
     if c.dapo.overlong_buffer == -1:

@@ -1,7 +1,8 @@
 """Algorithm presets: the defaults each `algo` gives the fields it decides (the schema's placeholders).
 
-`jaxrl_llm.config.resolve` fills every such field still unset from `_COMMON` then `PRESETS[algo]`, so
-an explicit setting always wins. docs/algorithms/ gives the reasons and the papers.
+`jaxrl_llm.config.resolve` fills every such field still unset from `preset_defaults(algo, max_staleness)`
+(`_COMMON`, then `PRESETS[algo]`, then `ASYNC_DEFAULTS` under asynchronous sampling), so an explicit
+setting always wins. docs/algorithms/ gives the reasons and the papers.
 """
 
 _COMMON = {
@@ -42,3 +43,10 @@ PRESETS = {
                      "kl.estimator": "k1", "kl.placement": "reward"},
 }
 ALGOS = tuple(PRESETS)
+
+
+def preset_defaults(algo: str, max_staleness) -> dict[str, object]:
+    """Field path -> default for `algo`: the common defaults, the algorithm's over them, and with
+    `max_staleness` an int >= 1 the asynchronous ones over both. `algo` must be one of ALGOS."""
+    stale = ASYNC_DEFAULTS if isinstance(max_staleness, int) and max_staleness > 0 else {}
+    return {**_COMMON, **PRESETS[algo], **stale}

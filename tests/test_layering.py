@@ -1,5 +1,6 @@
-"""The package layering of docs/design.md, read from the source: which package may import which; no file
-of the repository points at anything outside it."""
+"""The package layering of docs/design.md, read from the source: which package may import which; no import
+cycle among the modules of jaxrl_llm; no private name imported from another module; no file of the
+repository points at anything outside it."""
 import ast
 import os
 import re
@@ -82,3 +83,83 @@ def test_no_file_points_outside_the_repository():
             with open(os.path.join(ROOT, f), encoding="utf-8", errors="replace") as fh:
                 hits += [f"{f}:{i}" for i, line in enumerate(fh, 1) if pattern.search(line)]
     assert not hits, hits
+
+
+def module_imports(path: str, modules: dict[str, str]) -> tuple[set[str], list[str]]:
+    """(the jaxrl_llm modules a file imports, anywhere in it; the private names it imports from one),
+    a name `from pkg import x` counting as module pkg.x when that is a module."""
+    def module_of(name):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+    targets, private = set(), []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            targets.update(module_of(a.name) for a in node.names if a.name.startswith("jaxrl_llm"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("jaxrl_llm"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                targets.add(module_of(full) if full in modules else module_of(node.module))
+                if a.name.startswith("_") and full not in modules:
+                    private.append(f"from {node.module} import {a.name}")
+    return targets - {None, ""}, private
+
+
+def jaxrl_modules(root: str = PKG) -> dict[str, str]:
+    """Dotted module name (a package by its own name) -> file, for every .py file under `root`."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                name = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
+                out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle's modules (the strongly connected components of more than one module), by a
+    depth-first search from each module: v and w share a cycle iff each reaches the other."""
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for w in graph.get(todo.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
+    reaches = {v: reach(v) for v in graph}
+    cycles = {tuple(sorted(w for w in reaches[v] if v in reaches[w])) for v in graph if v in reaches[v]}
+    return sorted(list(c) for c in cycles if len(c) > 1)
+
+
+def test_import_cycles_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_module_scanner_sees_private_and_lazy_imports(tmp_path):
+    pkg = tmp_path / "jaxrl_llm"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("from jaxrl_llm.sub import b\ndef f():\n    from jaxrl_llm.sub.b import _x, y\n")
+    modules = jaxrl_modules(str(pkg))
+    assert set(modules) == {"jaxrl_llm", "jaxrl_llm.a", "jaxrl_llm.sub", "jaxrl_llm.sub.b"}
+    assert module_imports(modules["jaxrl_llm.a"], modules) == ({"jaxrl_llm.sub.b"}, ["from jaxrl_llm.sub.b import _x"])
+
+
+def test_no_import_cycles_among_modules():
+    """A cycle (even through a lazy import) means neither module can be read, tested or moved alone."""
+    modules = jaxrl_modules()
+    graph = {m: module_imports(path, modules)[0] - {m} for m, path in modules.items()}
+    assert len(graph) > 50
+    cycles = import_cycles(graph)
+    assert not cycles, cycles
+
+
+def test_no_private_names_imported_across_modules():
+    """A leading underscore says "used only here": another module that needs it gets a public name."""
+    modules = jaxrl_modules()
+    bad = {m: module_imports(path, modules)[1] for m, path in modules.items()}
+    assert not any(bad.values()), {m: names for m, names in bad.items() if names}

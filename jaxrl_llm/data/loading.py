@@ -9,6 +9,7 @@ name (the rewards receive them all), plus counts for the metrics
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -198,56 +199,12 @@ def prepare_prompts(
     'error' raises naming the first such row.
     """
     validate_data_config(config)
-    if len(dataset) == 0:
-        raise ValueError(f"data.path {config.path!r} split {config.split!r} has no rows")
-    missing = [c for c in _required_columns(config) if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"dataset lacks the configured column(s) {missing}; available columns: {dataset.column_names}"
-            f"{_column_hint(config, missing, dataset.column_names)}"
-        )
-
+    _check_columns(dataset, config)
     chat = _chat_enabled(config, tokenizer)
-    prepend_bos = not chat and prompts_lib.tokenizer_adds_bos(tokenizer)
     # Every column reaches the rewards under its own name (the generated ones replace a namesake).
     passthrough = [c for c in dataset.column_names if c not in (PROMPT_TEXT, PROMPT_IDS, PROMPT_USER)]
-    max_length, policy = config.max_prompt_length, config.max_prompt_length_policy
-    bos_id = tokenizer.bos_token_id
-
-    def build(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        rows = [{k: batch[k][j] for k in batch} for j in range(len(indices))]
-        users = [
-            prompts_lib.user_prompt(
-                row, prompt_column=config.prompt_column, prompt_template=config.prompt_template, index=i
-            )
-            for row, i in zip(rows, indices)
-        ]
-        if chat:
-            conversations = [prompts_lib.to_messages(u, config.system_prompt) for u in users]
-            texts = prompts_lib.chat_prompt_texts(tokenizer, conversations, first_index=indices[0])
-        else:
-            for u, i in zip(users, indices):
-                if not isinstance(u, str):
-                    raise ValueError(
-                        f"row {i} holds chat messages but tokenizer {tokenizer.name_or_path!r} has no chat "
-                        "template (or data.use_chat_template=False)"
-                    )
-            texts = [prompts_lib.raw_prompt_text(u, config.system_prompt) for u in users]
-        ids = prompts_lib.encode_prompts(tokenizer, texts, prepend_bos=prepend_bos)
-        for row_ids, i in zip(ids, indices):
-            if not row_ids:
-                raise ValueError(f"the prompt of row {i} is empty (no tokens)")
-        lengths = [len(row_ids) for row_ids in ids]
-        if policy == "truncate_left":
-            for j, row_ids in enumerate(ids):
-                if len(row_ids) > max_length:
-                    ids[j] = prompts_lib.truncate_left(row_ids, max_length, bos_id)
-                    texts[j] = tokenizer.decode(ids[j], skip_special_tokens=False)
-        plain = [u if isinstance(u, str) else prompts_lib.last_user_content(u) for u in users]
-        out = {PROMPT_TEXT: texts, PROMPT_IDS: ids, PROMPT_USER: plain, "_raw_length": lengths}
-        out.update({c: batch[c] for c in passthrough})
-        return out
-
+    build = functools.partial(_build_batch, config=config, tokenizer=tokenizer, chat=chat, passthrough=passthrough,
+                              prepend_bos=not chat and prompts_lib.tokenizer_adds_bos(tokenizer))
     prepared = dataset.map(
         build,
         with_indices=True,
@@ -258,8 +215,89 @@ def prepare_prompts(
         new_fingerprint=_fingerprint(dataset, config, tokenizer, chat),
         desc="tokenizing prompts",
     )
-
     raw_lengths = np.asarray(prepared["_raw_length"], dtype=np.int64)
+    prepared = prepared.select_columns([PROMPT_TEXT, PROMPT_IDS, PROMPT_USER, *passthrough])  # drops _raw_length
+    prepared = _apply_length_policy(prepared, raw_lengths, config)
+    stats = _prompt_stats(raw_lengths, len(prepared), config)
+    _warn_cut_and_empty(dataset, config, stats, config.max_prompt_length)
+    logger.info(
+        "prompts: %d rows of %d kept (%d dropped as too long, %d truncated), longest %d tokens; chat template: %s",
+        stats["data/rows"], stats["data/rows_loaded"], stats["data/dropped_too_long"], stats["data/truncated"],
+        stats["data/prompt_length_max"], chat,
+    )
+    return prepared, stats
+
+
+def _check_columns(dataset: datasets.Dataset, config) -> None:
+    """A one-line error for a dataset with no rows or without a configured column."""
+    if len(dataset) == 0:
+        raise ValueError(f"data.path {config.path!r} split {config.split!r} has no rows")
+    missing = [c for c in _required_columns(config) if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"dataset lacks the configured column(s) {missing}; available columns: {dataset.column_names}"
+            f"{_column_hint(config, missing, dataset.column_names)}"
+        )
+
+
+def _build_batch(batch: dict[str, list], indices: list[int], *, config, tokenizer, chat: bool, prepend_bos: bool,
+                 passthrough: list[str]) -> dict[str, list]:
+    """One `datasets.map` batch: the prompt columns, the raw token count `_raw_length` (before any
+    truncation, for the length policy) and the passed-through columns."""
+    rows = [{k: batch[k][j] for k in batch} for j in range(len(indices))]
+    users = [
+        prompts_lib.user_prompt(row, prompt_column=config.prompt_column, prompt_template=config.prompt_template,
+                                index=i)
+        for row, i in zip(rows, indices)
+    ]
+    texts = _prompt_texts(users, indices, config, tokenizer, chat)
+    ids = _encode(texts, indices, tokenizer, prepend_bos)
+    lengths = [len(row_ids) for row_ids in ids]
+    if config.max_prompt_length_policy == "truncate_left":
+        _truncate_left(ids, texts, config.max_prompt_length, tokenizer)
+    plain = [u if isinstance(u, str) else prompts_lib.last_user_content(u) for u in users]
+    out = {PROMPT_TEXT: texts, PROMPT_IDS: ids, PROMPT_USER: plain, "_raw_length": lengths}
+    out.update({c: batch[c] for c in passthrough})
+    return out
+
+
+def _prompt_texts(users: list, indices: list[int], config, tokenizer, chat: bool) -> list[str]:
+    """The text each row is prompted with: its user prompt (a string or chat messages) through the chat
+    template, or as raw text (then chat messages are an error)."""
+    if chat:
+        conversations = [prompts_lib.to_messages(u, config.system_prompt) for u in users]
+        return prompts_lib.chat_prompt_texts(tokenizer, conversations, first_index=indices[0])
+    for u, i in zip(users, indices):
+        if not isinstance(u, str):
+            raise ValueError(
+                f"row {i} holds chat messages but tokenizer {tokenizer.name_or_path!r} has no chat "
+                "template (or data.use_chat_template=False)"
+            )
+    return [prompts_lib.raw_prompt_text(u, config.system_prompt) for u in users]
+
+
+def _encode(texts: list[str], indices: list[int], tokenizer, prepend_bos: bool) -> list[list[int]]:
+    """Token ids of each prompt text; an empty one is an error naming its row."""
+    ids = prompts_lib.encode_prompts(tokenizer, texts, prepend_bos=prepend_bos)
+    for row_ids, i in zip(ids, indices):
+        if not row_ids:
+            raise ValueError(f"the prompt of row {i} is empty (no tokens)")
+    return ids
+
+
+def _truncate_left(ids: list[list[int]], texts: list[str], max_length: int, tokenizer) -> None:
+    """In place: every prompt over `max_length` tokens keeps its last ones (a leading BOS stays in front),
+    and its text becomes the decoded kept ids."""
+    for j, row_ids in enumerate(ids):
+        if len(row_ids) > max_length:
+            ids[j] = prompts_lib.truncate_left(row_ids, max_length, tokenizer.bos_token_id)
+            texts[j] = tokenizer.decode(ids[j], skip_special_tokens=False)
+
+
+def _apply_length_policy(prepared: datasets.Dataset, raw_lengths: np.ndarray, config) -> datasets.Dataset:
+    """'error' raises naming the first prompt over data.max_prompt_length, 'drop' removes those (an error
+    when none is left); 'truncate_left' has already cut them."""
+    max_length, policy = config.max_prompt_length, config.max_prompt_length_policy
     too_long = raw_lengths > max_length
     if policy == "error" and too_long.any():
         row = int(np.argmax(too_long))
@@ -267,31 +305,29 @@ def prepare_prompts(
             f"the prompt of row {row} has {int(raw_lengths[row])} tokens > data.max_prompt_length={max_length} "
             "(data.max_prompt_length_policy='error')"
         )
-    prepared = prepared.select_columns([PROMPT_TEXT, PROMPT_IDS, PROMPT_USER, *passthrough])  # drops _raw_length
     if policy == "drop" and too_long.any():
         keep = np.flatnonzero(~too_long)
         if keep.size == 0:
             raise ValueError(
-                f"no prompts left: all {len(dataset)} rows are longer than data.max_prompt_length={max_length} "
+                f"no prompts left: all {len(raw_lengths)} rows are longer than data.max_prompt_length={max_length} "
                 "(data.max_prompt_length_policy='drop')"
             )
         prepared = prepared.select(keep)
+    return prepared
 
+
+def _prompt_stats(raw_lengths: np.ndarray, rows_kept: int, config) -> dict[str, int]:
+    """The data/* counts of `prepare_prompts` from each loaded row's token count before truncation."""
+    max_length, policy = config.max_prompt_length, config.max_prompt_length_policy
+    too_long = raw_lengths > max_length
     kept_lengths = np.minimum(raw_lengths, max_length) if policy == "truncate_left" else raw_lengths[~too_long]
-    stats = {
-        "data/rows_loaded": int(len(dataset)),
-        "data/rows": int(len(prepared)),
+    return {
+        "data/rows_loaded": int(len(raw_lengths)),
+        "data/rows": int(rows_kept),
         "data/dropped_too_long": int(too_long.sum()) if policy == "drop" else 0,
         "data/truncated": int(too_long.sum()) if policy == "truncate_left" else 0,
         "data/prompt_length_max": int(kept_lengths.max()),
     }
-    _warn_cut_and_empty(dataset, config, stats, max_length)
-    logger.info(
-        "prompts: %d rows of %d kept (%d dropped as too long, %d truncated), longest %d tokens; chat template: %s",
-        stats["data/rows"], stats["data/rows_loaded"], stats["data/dropped_too_long"], stats["data/truncated"],
-        stats["data/prompt_length_max"], chat,
-    )
-    return prepared, stats
 
 
 def _warn_cut_and_empty(dataset: datasets.Dataset, config, stats: dict[str, int], max_length: int) -> None:

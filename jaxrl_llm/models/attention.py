@@ -25,7 +25,9 @@ import numpy as np
 from jaxrl_llm.models import precision
 
 EMPTY_LSE = float(np.finfo(np.float32).min)  # log-sum-exp of a query that sees no key
-_NEG = EMPTY_LSE  # masked score: finite, so that max/exp of an all-masked tile stays finite
+# The score of a masked key, in every implementation and in decoding: finite, so that the max/exp of an
+# all-masked row or tile stays finite (no NaN).
+MASKED_SCORE = EMPTY_LSE
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -47,7 +49,7 @@ def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal):
     """Scores of one tile and which of them are visible.
 
     q_blk (N,Hkv,bq,R,hd), k_blk (N,Hkv,bk,hd), q_seg (N,bq), kv_seg (N,bk) int32; q0, k0 the tile's first
-    query/key index. Returns s (N,Hkv,bq,R,bk) float32 with masked entries at _NEG, and valid broadcastable
+    query/key index. Returns s (N,Hkv,bq,R,bk) float32 with masked entries at MASKED_SCORE, and valid broadcastable
     to it: (N,1,bq,1,bk) bool.
     """
     s = jnp.einsum("nkqrd,nkcd->nkqrc", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
@@ -57,7 +59,7 @@ def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal):
         kj = k0 + jnp.arange(kv_seg.shape[1])
         valid = valid & (qi[:, None] >= kj[None, :])[None]
     valid = valid[:, None, :, None, :]
-    return jnp.where(valid, s, _NEG), valid
+    return jnp.where(valid, s, MASKED_SCORE), valid
 
 
 def _layout(q, k, v, q_seg, kv_seg, bq, bk):
@@ -103,7 +105,7 @@ def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
             return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
 
         shape = q_blk.shape[:-1]
-        init = (jnp.full(shape, _NEG, jnp.float32), jnp.zeros(shape, jnp.float32),
+        init = (jnp.full(shape, MASKED_SCORE, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(q_blk.shape, jnp.float32))
         m, l, acc = jax.lax.fori_loop(0, _key_block_stop(i, bq, bk, nk, causal), key_block, init)
         seen = l > 0

@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models import lora
+from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.transformer import _NEG, apply_rope, rms_norm
+from jaxrl_llm.models.transformer import apply_rope, rms_norm
 
 
 def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
@@ -69,9 +70,9 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
     to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
     s = jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(jnp.arange(cache_k.shape[3]) <= jnp.reshape(index, (-1, 1, 1, 1)), s, _NEG)
+    s = jnp.where(jnp.arange(cache_k.shape[3]) <= jnp.reshape(index, (-1, 1, 1, 1)), s, MASKED_SCORE)
     sp = jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
-    sp = jnp.where(prefix_mask[:, None, None, :], sp, _NEG)
+    sp = jnp.where(prefix_mask[:, None, None, :], sp, MASKED_SCORE)
     top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
     e = jnp.exp(s - top[..., None])
     ep = jnp.exp(sp - to_prompts(top)[..., None])

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxrl_llm.models.attention import blockwise_attend
+from jaxrl_llm.models.attention import MASKED_SCORE, blockwise_attend
+from jaxrl_llm.models.prefix import inline_prefix
 
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 _BACKEND_OF = {"cudnn": ("gpu", "a GPU (cuDNN)"), "splash": ("tpu", "a TPU (Pallas splash attention)")}
 # On CPU, blockwise beats the dense path from this many keys per query (self tokens + prefix) on:
 # benchmarks/attention.py on the 2-core development machine (docs/attention.md).
 CPU_BLOCKWISE_MIN_KEYS = 384
-_NEG = float(np.finfo(np.float32).min)
 
 
 def check_attention(name: str, backend: str | None = None) -> None:
@@ -102,13 +101,13 @@ def dense_attend(q, k, v, self_mask, prefix=None):
     scale = hd ** -0.5
     q = q.reshape(n, s, kvh, r, hd)
     scores = jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(self_mask[:, None, None], scores, _NEG)
+    scores = jnp.where(self_mask[:, None, None], scores, MASKED_SCORE)
     if prefix is not None:
         pk, pv, pmask = prefix
         b, p = pk.shape[:2]
         qg = q.reshape(b, n // b, s, kvh, r, hd)
         pscores = jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale
-        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, _NEG)
+        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, MASKED_SCORE)
         scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if prefix is None:
@@ -119,22 +118,6 @@ def dense_attend(q, k, v, self_mask, prefix=None):
         out = out + jnp.einsum("bgkrsp,bpkd->bgskrd", wp.reshape(b, n // b, kvh, r, s, p),
                                pv).reshape(n, s, kvh, r, hd)
     return out.reshape(n, s, h, hd)
-
-
-def inline_prefix(q, k, v, key_mask, segment_ids, prefix):
-    """For kernels without a shared prefix: each row gets its prompt's P keys in front of its own, and P
-    zero queries (whose outputs are dropped), so that plain causal attention over P+S tokens sees the whole
-    prompt from every completion token. Copies the prompt's keys G times (not its scores).
-    Returns (q, k, v, key_mask) over P+S tokens and P."""
-    if segment_ids is not None:
-        raise ValueError("segment ids (packed rows) and a shared prompt prefix do not go together")
-    pk, pv, pmask = prefix
-    n, (b, p) = q.shape[0], pk.shape[:2]
-    rows = lambda x: jnp.repeat(x, n // b, axis=0)
-    q = jnp.concatenate([jnp.zeros((n, p, *q.shape[2:]), q.dtype), q], axis=1)
-    k = jnp.concatenate([rows(pk).astype(k.dtype), k], axis=1)
-    v = jnp.concatenate([rows(pv).astype(v.dtype), v], axis=1)
-    return q, k, v, jnp.concatenate([rows(pmask.astype(bool)), key_mask.astype(bool)], axis=1), p
 
 
 def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementation="cudnn"):

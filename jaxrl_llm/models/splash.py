@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.kernels import inline_prefix
+from jaxrl_llm.models.prefix import inline_prefix
 
 BLOCK = 128  # splash tile (query, key, and the backward's); sequences are padded to a multiple of it
 

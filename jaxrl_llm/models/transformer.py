@@ -25,8 +25,6 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 from jaxrl_llm.models.kernels import attend
 
-_NEG = float(np.finfo(np.float32).min)
-
 
 # ---------------------------------------------------------------------------------------------- RoPE
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:

@@ -7,7 +7,6 @@ and installs the audit hook. Then it answers one request at a time (a 4-byte len
 
   {"i": k, "call": (name, args, kwargs)} -> {"i": k, "value": <values.encode(result)>}
   {"i": k, "stdin": text}                -> {"i": k, "stdout": text}   (program re-run, fresh globals)
-  {"i": k, "exec": source}               -> {"i": k, "ok": true}       (unsafe_asserts only)
   any failure                            -> {"i": k, "error": "TypeName: first line"}
 
 and `{"blocked": "..."}` whenever the audit hook refuses something. Requests carry inputs only: the
@@ -98,8 +97,7 @@ def main():
             reply({"ready": False, "error": error})
             return
     reply({"ready": True})
-    handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg),
-                "exec": lambda p: run_exec(p, namespace)}
+    handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg)}
     while True:
         request = read_message(request_fd)
         if request is None:
@@ -143,10 +141,6 @@ def call(namespace, name, args, kwargs):
         raise NameError("the solution defines no function %r" % name)
     result = fn(*args, **kwargs)
     return {"value": encode(result)}
-
-def run_exec(source, namespace):
-    exec(compile(source, "<test>", "exec"), namespace)
-    return {"ok": True}
 
 def scratch(work, data):
     try:

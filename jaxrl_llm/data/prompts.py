@@ -62,7 +62,7 @@ def is_messages(value: Any) -> bool:
 
 def is_conversation(value: Any) -> bool:
     """Whether a prompt column's value is a conversation: a non-empty list of {"role", "content"} dicts."""
-    return _is_messages(value)
+    return is_messages(value)
 
 
 def user_prompt(row: Mapping[str, Any], *, prompt_column: str, prompt_template: str, index: int) -> str | Messages:

@@ -24,14 +24,14 @@ def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, r
     m["train/empty_updates"] = float(sum(float(x["train/empty_updates"]) for x in step_metrics))
     m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
     # Sampler drift: the sampler's log-probs against the trainer's forward of the *same* (behaviour)
-    # policy. Before the first update the policy is the sampler's: that update's difference is the
-    # sampler's. Recomputed proximal log-probs are the behaviour's only on a fresh batch; a stale one
-    # (rollout.max_staleness >= 1) has no exact behaviour recomputation, so it reports none (its
+    # policy. Without recomputation, the first update's: before it the policy is the sampler's. With it,
+    # the recomputed proximal log-probs, which are the behaviour's only on a fresh batch; a stale one
+    # (rollout.max_staleness >= 1) has no exact behaviour recomputation and reports none (its
     # proximal-behaviour gap is `staleness_gap`'s).
-    m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
-    if recompute and not fresh:
-        del m["sampler/logp_diff_max"]
-    elif recompute:
+    m.pop("sampler/logp_diff_max")
+    if not recompute:
+        m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
+    elif fresh:
         valid = (b["mask"] > 0) & (b["seen_rows"][:, None] > 0)  # rows without loss tokens may be unscored
         m["sampler/logp_diff_max"] = float(jnp.max(jnp.where(valid, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0)))
     m.update({k: float(v) for k, v in jax.device_get(kl_stats).items() if k != "kl/seq_sum"})

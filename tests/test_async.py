@@ -64,6 +64,8 @@ def reference_history(c, workdir) -> tuple[list[dict], list]:
         m.update(report.data_metrics(tr.data, tr.data_stats))
         batch = ar.Produced(i, v, local, m, [], info["sample_s"], info["gen_tokens"])
         state, metrics, _ = tr.update_step(state, batch, time.perf_counter())
+        if i == 0:  # as Trainer.run: the start-up reward check in the first step's row
+            metrics.update(tr.self_test_metrics)
         versions.append(copy(state.params))
         history.append(metrics)
         rows.append(local["policy_version"])

@@ -64,6 +64,8 @@ def reference_history(c, workdir) -> tuple[list[dict], list]:
         m.update(report.data_metrics(tr.data, tr.data_stats))
         batch = ar.Produced(i, v, local, m, [], info["sample_s"], info["gen_tokens"])
         state, metrics, _ = tr.update_step(state, batch, time.perf_counter())
+        if i == 0:  # as Trainer.run: the start-up reward check in the first step's row
+            metrics.update(tr.self_test_metrics)
         versions.append(copy(state.params))
         history.append(metrics)
         rows.append(local["policy_version"])
@@ -91,6 +93,7 @@ def test_k0_is_the_synchronous_loop_exactly(tmp_path):
     assert run == ref  # bit for bit
     assert [int(v.max()) for v in versions] == list(range(STEPS))
     assert not any(k.startswith("rollout/staleness") for k in run[0])  # k = 0 logs what it always did
+    assert all(r["sampler/logp_diff_max"] < 1e-4 for r in run)  # float32: the trainer recomputes the sampler
 
 
 def test_k2_samples_with_exactly_the_policy_after_update_i_minus_k(k2_run, tmp_path):
@@ -105,6 +108,12 @@ def test_k2_samples_with_exactly_the_policy_after_update_i_minus_k(k2_run, tmp_p
     assert all("correction/ess" in r for r in run)
     assert run[0]["correction/mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
     assert max(r["correction/mismatch_kl"] for r in run[2:]) > 1e-6
+    # Sampler drift is measured against the behaviour policy only: step 0's batch is the one sampled by
+    # the policy its step starts from (float32: the sampler's log-probs up to rounding); a stale batch
+    # logs none. The proximal-behaviour gap is logged apart: the policy's move after the first update.
+    assert run[0]["sampler/logp_diff_max"] < 1e-4 and all("sampler/logp_diff_max" not in r for r in run[1:])
+    gaps = [r["rollout/staleness/logp_gap"] for r in run]
+    assert gaps[0] < 1e-4 and min(gaps[1:]) > 1e-3, gaps
 
 
 def test_two_k2_runs_are_identical(k2_run, tmp_path):

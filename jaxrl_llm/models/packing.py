@@ -27,13 +27,19 @@ from jaxrl_llm.models.transformer import Decoder
 
 
 # ------------------------------------------------------------------------------------------ lengths
+def completion_extent(mask):
+    """(N,) int32: the completion columns up to and including each row's last real token (0: none).
+    mask (N,T). Column `extent` of the (N,T+1) completion layout is the state after the last real token."""
+    t = mask.shape[1]
+    cm = mask.astype(bool)
+    return jnp.where(cm.any(axis=1), t - jnp.argmax(cm[:, ::-1], axis=1), 0).astype(jnp.int32)
+
+
 def _parts(prompt_mask, mask):
     """(plen (N,), ext (N,)) int32: the prompt's real tokens, and the completion up to its last real token."""
-    n, t = mask.shape
-    cm = mask.astype(bool)
-    ext = jnp.where(cm.any(axis=1), t - jnp.argmax(cm[:, ::-1], axis=1), 0).astype(jnp.int32)
+    n = mask.shape[0]
     plen = jnp.repeat(jnp.sum(prompt_mask.astype(bool), axis=1, dtype=jnp.int32), n // prompt_mask.shape[0])
-    return plen, ext
+    return plen, completion_extent(mask)
 
 
 def sequence_lengths(prompt_mask, mask):
@@ -98,7 +104,8 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
 
     prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. Returns
     (packed {tokens, positions, mask, segment_ids} each (R,L), source (n,T+1) flat slot of the hidden state
-    that predicts completion column t (column T: the state after the last token), valid (n,T+1) bool: up to the row's last real token).
+    that predicts completion column t (column T: the state after the row's last real token), valid (n,T+1)
+    bool: up to the row's last real token, and column T of every packed row).
     """
     b, p = prompts.shape
     n, t = completions.shape
@@ -125,10 +132,12 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     packed = {"tokens": scatter(tokens), "positions": scatter(jnp.broadcast_to(j, tokens.shape)),
               "mask": scatter(key & inside), "segment_ids": scatter(jnp.where(inside, segment, 0))}
     col = jnp.arange(t + 1, dtype=jnp.int32)[None]  # hidden at position plen-1+col predicts column col
-    # Real tokens, and column T on a row that fills all T (its last state, V(s_T)); never the slot after a
-    # segment, which belongs to the next one.
-    valid = ((col < ext[:, None]) | ((col == t) & (ext[:, None] == t))) & (packed_row >= 0)
-    source = jnp.where(valid, packed_row * length + plan["offset"][:, None] + plen[:, None] - 1 + col, 0)
+    # Real tokens, and column T: the state after the row's last real token (V(s_T)), i.e. the hidden state
+    # at that token, also on a row cut short of T (a multi-turn episode whose next observation did not
+    # fit); never the slot after a segment, which belongs to the next one.
+    valid = ((col < ext[:, None]) | (col == t)) & (packed_row >= 0)
+    at = jnp.where(col == t, ext[:, None], col)
+    source = jnp.where(valid, packed_row * length + plan["offset"][:, None] + plen[:, None] - 1 + at, 0)
     return packed, source, valid
 
 

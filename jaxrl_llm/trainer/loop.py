@@ -229,11 +229,13 @@ class Trainer:
         step_metrics = jax.device_get(step_metrics)
         update_s = time.perf_counter() - t_upd
 
-        m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs)
+        m = report.update_metrics(step_metrics, b, kl_stats, state.kl.value, c.rollout.recompute_logprobs,
+                                  fresh=batch.version == batch.step)
         m.update(self.packer.metrics() if self.packer else {})
         m.update(batch.metrics)
         if self.is_async:
             m.update(async_rollout.staleness_metrics(batch))
+            m.update(report.staleness_gap(b))
         P = local["prompt_tokens"].shape[1]
         info = {"sample_s": batch.sample_s, "gen_tokens": batch.gen_tokens}
         m.update(report.perf_metrics(c, info, P, time.perf_counter() - t_step, update_s,

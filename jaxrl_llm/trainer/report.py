@@ -9,8 +9,10 @@ from jaxrl_llm import distributed as dist
 from jaxrl_llm import metrics as metrics_lib
 
 
-def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, recompute: bool) -> dict[str, float]:
-    """The updates' metrics combined over the step's minibatches, with the KL and sampler figures."""
+def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, recompute: bool,
+                   fresh: bool = True) -> dict[str, float]:
+    """The updates' metrics combined over the step's minibatches, with the KL and sampler figures.
+    fresh: the batch was sampled by the policy this step starts from (staleness 0: always, synchronous)."""
     m: dict[str, float] = {}
     for k in step_metrics[0]:
         vals = [float(x[k]) for x in step_metrics]
@@ -21,14 +23,29 @@ def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, r
     # Updates with no loss token (skipped, never counted as non-finite): their causes, `empty_cause`.
     m["train/empty_updates"] = float(sum(float(x["train/empty_updates"]) for x in step_metrics))
     m["train/nonfinite_streak"] = float(step_metrics[-1]["train/nonfinite_streak"])
-    # Before the first update the policy is the sampler's: that step's difference is the sampler's.
-    m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
-    if recompute:
+    # Sampler drift: the sampler's log-probs against the trainer's forward of the *same* (behaviour)
+    # policy. Without recomputation, the first update's: before it the policy is the sampler's. With it,
+    # the recomputed proximal log-probs, which are the behaviour's only on a fresh batch; a stale one
+    # (rollout.max_staleness >= 1) has no exact behaviour recomputation and reports none (its
+    # proximal-behaviour gap is `staleness_gap`'s).
+    m.pop("sampler/logp_diff_max")
+    if not recompute:
+        m["sampler/logp_diff_max"] = float(step_metrics[0]["sampler/logp_diff_max"])
+    elif fresh:
         valid = (b["mask"] > 0) & (b["seen_rows"][:, None] > 0)  # rows without loss tokens may be unscored
         m["sampler/logp_diff_max"] = float(jnp.max(jnp.where(valid, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0)))
     m.update({k: float(v) for k, v in jax.device_get(kl_stats).items() if k != "kl/seq_sum"})
     m["kl/coef"] = float(kl_coef)
     return m
+
+
+def staleness_gap(b: dict) -> dict[str, float]:
+    """`rollout/staleness/logp_gap`: max over the loss tokens of |proximal − behaviour| log-probs, the
+    recomputed `old_logp` against the sampler's `sampler_logp` (full-distribution log-probs, as the
+    proximal ones: no top-k/top-p); the policy's move over the batch's staleness, plus the sampler drift
+    that `sampler/logp_diff_max` bounds. 0 on a batch without loss tokens."""
+    gap = jnp.where(b["loss_mask"] > 0, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0.0)
+    return {"rollout/staleness/logp_gap": float(jnp.max(gap))}
 
 
 def rollout_metrics(first: dict, info: dict, G: int, dynamic_sampling: bool) -> dict[str, float]:

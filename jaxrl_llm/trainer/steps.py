@@ -27,7 +27,7 @@ import optax
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
-from jaxrl_llm.models.packing import packed_logprobs, packed_values
+from jaxrl_llm.models.packing import completion_extent, packed_logprobs, packed_values
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
@@ -71,19 +71,26 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
 
 def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False):
     """Values (N,T) of the batch's completion tokens [(N,T+1) with `last`: column T is V(s_T), the
-    state after the row's last token]; through packed rows when a packing plan is given."""
+    state after the row's last real (attended) token, which is column T−1's token only on a row that
+    fills all T: a multi-turn episode cut because its next observation did not fit ends earlier];
+    through packed rows when a packing plan is given."""
     if pack is not None:
         return packed_values(mc, vparams, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                              pack_length, lambda h: value_head(mc, vparams, h), last=last)
-    if last:
-        # One more column: its value is V(s_T), the state after the last token (the dummy token fed
-        # at T is seen by no earlier position).
-        b = {**b, "tokens": jnp.pad(b["tokens"], ((0, 0), (0, 1))),
-             "mask": jnp.pad(b["mask"], ((0, 0), (0, 1)), constant_values=1)}
-        if "attention_mask" in b:
-            b["attention_mask"] = jnp.pad(b["attention_mask"], ((0, 0), (0, 1)), constant_values=1)
-    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
-    return value_head(mc, vparams, hidden)
+    if not last:
+        hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], b["tokens"],
+                                   attended(b))
+        return value_head(mc, vparams, hidden)
+    # One more column, so that a row filling all T has the state after its last token (the dummy token fed
+    # at T is seen by no earlier position); column `extent` is then the state after each row's last real
+    # token, whose causal hidden state no padding after it changes.
+    extent = completion_extent(attended(b))  # (N,)
+    pad = lambda x, v: jnp.pad(x, ((0, 0), (0, 1)), constant_values=v)
+    hidden = completion_hidden(mc, vparams["backbone"], b["prompt_tokens"], b["prompt_mask"], pad(b["tokens"], 0),
+                               pad(attended(b), 1))
+    values = value_head(mc, vparams, hidden)  # (N,T+1)
+    after_last = jnp.take_along_axis(values, extent[:, None], axis=1)[:, 0]
+    return values.at[:, -1].set(jnp.where(extent > 0, after_last, 0.0))  # no token: 0, as packed
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):

@@ -11,7 +11,7 @@ from jaxrl_llm import config as config_lib
 from jaxrl_llm.data import builtin_tokenizer
 from jaxrl_llm.data.tasks import digit_puzzles
 from jaxrl_llm.evaluate import load_eval_data
-from jaxrl_llm.evaluate.__main__ import run_config
+from jaxrl_llm.evaluate.overrides import run_config
 from jaxrl_llm.trainer import Trainer
 
 from test_evaluate import run_cli

@@ -70,7 +70,8 @@ def test_readme_first_command_on_a_chat_dataset_without_torch(tmp_path):
     wd = tmp_path / "run"
     args = fr.train_args(wd, total_steps=1, tokenizer=tok, data__task="", data__path=data,
                          data__prompt_column="messages", data__use_chat_template=True, data__max_prompt_length=64,
-                         model__max_position_embeddings=128)
+                         model__max_position_embeddings=128,
+                         reward__completion_format="text")  # the fixture's reward reads strings, not TRL's messages
     proc = subprocess.run([sys.executable, "-c", RUN_MODULE, "torch", "jaxrl_llm.train", *args], capture_output=True,
                           text=True, env=fr.cli_env(tmp_path / "cache"), cwd=fr.ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -457,7 +457,7 @@ def _catalogue_assets(tmp, ref) -> dict:
     a["ref_copy"] = str(tmp / "ref_copy")
     config = json.loads((ref / "config.json").read_text())
     config["rollout"]["max_new_tokens"] = 5
-    os.makedirs(tmp / "wd_other_config")
+    os.makedirs(tmp / "wd_other_config" / "checkpoints" / "1")  # it saved a step: a run to keep, not replace
     (tmp / "wd_other_config" / "config.json").write_text(json.dumps(config))
     os.makedirs(tmp / "wd_bad_json")
     (tmp / "wd_bad_json" / "config.json").write_text('{"algo": "grpo", ')  # cut short

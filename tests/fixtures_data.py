@@ -118,3 +118,14 @@ def write_gsm8k_like(path, n: int, fmt: str = "jsonl") -> list[dict]:
     else:
         raise ValueError(f"fmt must be one of jsonl, json, parquet, csv; got {fmt!r}")
     return rows
+
+
+def tiny_api_config(**fields) -> dict:
+    """Fields of a one-step Trainer on the built-in tiny model (the Python API's tests), `fields` on top."""
+    base = {"total_steps": 1, "model.max_position_embeddings": 32, "model.num_layers": 1, "data.max_prompt_length": 8,
+            "rollout": {"batch_prompts": 2, "group_size": 2, "max_new_tokens": 2}, "log.progress": False,
+            "export.at_end": False, "export.plot": False}
+    return {**base, **fields}
+
+
+ARITHMETIC_ROWS = [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]  # rows given in Python

@@ -10,6 +10,7 @@ import datasets
 import pytest
 
 import jaxrl_llm
+from fixtures_data import ARITHMETIC_ROWS, tiny_api_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,13 +40,10 @@ def test_readme_python_api_example_runs_as_written(tmp_path):
 
 
 def tiny(**fields):
-    base = {"total_steps": 1, "model.max_position_embeddings": 32, "model.num_layers": 1, "data.max_prompt_length": 8,
-            "rollout": {"batch_prompts": 2, "group_size": 2, "max_new_tokens": 2}, "log.progress": False,
-            "export.at_end": False, "export.plot": False}
-    return {**base, **fields}
+    return tiny_api_config(**fields)
 
 
-ROWS = [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+ROWS = ARITHMETIC_ROWS
 
 
 def echo_length(prompts, completions, **_):

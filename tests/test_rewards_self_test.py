@@ -11,6 +11,7 @@ import jaxrl_llm
 from jaxrl_llm import config as config_lib
 from jaxrl_llm.rewards import RewardError, get_reward_fn
 from jaxrl_llm.rewards import self_test as st
+from fixtures_data import ARITHMETIC_ROWS, tiny_api_config
 
 GSM8K = [  # GSM8K-style rows: the reference is the solution, its answer after ####
     ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
@@ -190,13 +191,10 @@ def test_contract_errors_name_the_dataset_row_and_probe():
 
 # ----------------------------------------------------------------------------------------- the Trainer
 def tiny(**fields):
-    base = {"total_steps": 1, "model.max_position_embeddings": 64, "model.num_layers": 1, "data.max_prompt_length": 8,
-            "rollout": {"batch_prompts": 2, "group_size": 2, "max_new_tokens": 2}, "log.progress": False,
-            "export.at_end": False, "export.plot": False}
-    return {**base, **fields}
+    return tiny_api_config(**{"model.max_position_embeddings": 64, **fields})
 
 
-ROWS = [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+ROWS = ARITHMETIC_ROWS
 
 
 def returns_none(completions, **_):

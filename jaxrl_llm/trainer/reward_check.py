@@ -60,5 +60,5 @@ def _inputs(rollouts, dataset, picks, texts, rows, truncated):
         tokens[i, :len(x)] = x
     local = {"tokens": tokens, "lengths": lengths, "truncated": np.asarray(truncated, bool)}
     batch = dataset[[picks[r] for r in rows]]
-    prompts, columns = rollouts._reward_inputs(batch, local, 0, repeat=1)
-    return prompts, rollouts._completions(local), columns
+    prompts, columns = rollouts.reward_inputs(batch, local, 0, repeat=1)
+    return prompts, rollouts.completions(local), columns

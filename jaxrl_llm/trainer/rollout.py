@@ -64,8 +64,8 @@ class Rollouts:
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
-        prompts, columns = self._reward_inputs(batch, local, step)
-        return self._score(local, prompts, self._completions(local), columns)
+        prompts, columns = self.reward_inputs(batch, local, step)
+        return self._score(local, prompts, self.completions(local), columns)
 
     def _score(self, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
         """Scores the rows with the reward functions (+ the episodes' rewards): (local, scored)."""
@@ -105,7 +105,7 @@ class Rollouts:
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
                  "truncated": ep.truncated}
         # env/reward/turn{k}/mean only for the turns some episode reached (episodes run on one process).
-        prompts, columns = self._reward_inputs(batch, local, step)
+        prompts, columns = self.reward_inputs(batch, local, step)
         local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, ep.metrics)
         # The log shows the whole episode after the prompt reset() gave it (the rewards get the column).
         scored["completions"], scored["prompts"] = ep.decoded(self.tokenizer), ep.prompts
@@ -122,13 +122,13 @@ class Rollouts:
         judged = [v for name, v in rewards.components.items() if name not in LENGTH_SHAPING]
         return np.sum(judged, axis=0).astype(np.float32) if judged else rewards.scores
 
-    def _completions(self, local) -> list[str]:
+    def completions(self, local) -> list[str]:
         """Each row's completion text as the reward functions receive it: up to its EOS, excluded."""
         ends = local["lengths"] - (~local["truncated"]).astype(np.int64)  # the EOS is not part of the text
         return self.tokenizer.batch_decode([row[:e] for row, e in zip(local["tokens"], ends)],
                                            skip_special_tokens=False)
 
-    def _reward_inputs(self, batch, local, step: int, repeat: int = 0):
+    def reward_inputs(self, batch, local, step: int, repeat: int = 0):
         """(prompts, columns) of every row, as the reward functions receive them: every dataset column
         repeated over its group (`repeat` rows per batch row, the group size by default), and the
         trainer fields."""

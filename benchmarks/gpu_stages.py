@@ -172,19 +172,19 @@ def parity(p, hf, config, params, device: str) -> dict:
     for label, compute, off in (("float32", "float32", False), ("float32 at XLA's default precision", "float32", True),
                                 ("bfloat16", "bfloat16", False)):
         cfg = config.replace(dtype=compute)  # float32 parameters either way, as load_hf(compute_dtype=...)
-        fn = jax.jit(lambda t, m: forward(cfg, params, t, m))
+        fn = jax.jit(lambda w, t, m: forward(cfg, w, t, m))  # weights as an argument: never baked into the program
         # Traced afresh (the model's own jitted functions are cached by config, not by this override).
         jax.clear_caches()
         if off:  # the same program with the library's precision request overridden
             import jaxrl_llm.models.precision as precision
             keep, precision.precision_for = precision.precision_for, lambda d: jax.default_matmul_precision("default")
             try:
-                ours = np.asarray(fn(tokens, mask), np.float32)
+                ours = np.asarray(fn(params, tokens, mask), np.float32)
             finally:
                 precision.precision_for = keep
                 jax.clear_caches()
         else:
-            ours = np.asarray(fn(tokens, mask), np.float32)
+            ours = np.asarray(fn(params, tokens, mask), np.float32)
         diff = float(np.abs(ours - ref)[valid].max())
         out[label] = {"max_abs": diff, "max_rel": diff / scale}
     out["max_abs_logit"] = scale
@@ -244,8 +244,8 @@ def sample_size(p, name: str, device: str) -> dict:
     prompts = rng.integers(1, config.vocab_size, (B, P)).astype(np.int32)
     mask = np.ones_like(prompts)
     # Calibrate the stop set on the model's own next-token distributions over these prompts.
-    probs = jax.jit(lambda t, m: jax.nn.softmax(forward(config, params, t, m).astype(jnp.float32), -1).mean((0, 1)))
-    eos_set = eos_set_for_median(np.asarray(probs(prompts[:4], mask[:4])), T / 5)
+    probs = jax.jit(lambda w, t, m: jax.nn.softmax(forward(config, w, t, m).astype(jnp.float32), -1).mean((0, 1)))
+    eos_set = eos_set_for_median(np.asarray(probs(params, prompts[:4], mask[:4])), T / 5)
     out["eos_set_size"] = len(eos_set)
     sync_j = lambda r: (r.tokens.block_until_ready(), r)[1]
 

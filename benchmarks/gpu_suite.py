@@ -123,6 +123,21 @@ def run_suite(stages, plan: str, budget: float, sampler_sizes: str = "") -> dict
     return results
 
 
+def merge_results(parts: list[dict]) -> dict:
+    """Several runs' results as one: stages merge, later runs winning; two successful runs of one stage
+    (the sampler at 0.5B in one call and 1.5B in another) keep the keys of both."""
+    results = {"stages": {}}
+    for part in parts:
+        part = dict(part)
+        stages = dict(results["stages"])
+        for name, stage in part.pop("stages").items():
+            both_ok = stage.get("status") == "ok" and stages.get(name, {}).get("status") == "ok"
+            stages[name] = {**stages[name], **stage} if both_ok else stage
+        seconds = results.get("seconds", 0) + part.get("seconds", 0)
+        results.update(part, stages=stages, seconds=seconds)
+    return results
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on any device, every stage (seconds)")
@@ -151,14 +166,12 @@ def main(argv=None):
     sys.path.insert(0, HERE)
     if args.stage:
         return run_stage_here(args.stage, args.plan, args.budget, args.result, args.sampler_sizes)
-    if args.render:  # several files (the stages of separate runs) merge, later ones winning
-        results = {"stages": {}}
+    if args.render:
+        parts = []
         for path in args.render.split(","):
             with open(path) as f:
-                part = json.load(f)
-            stages = {**results["stages"], **part.pop("stages")}
-            seconds = results.get("seconds", 0) + part.get("seconds", 0)
-            results.update(part, stages=stages, seconds=seconds)
+                parts.append(json.load(f))
+        results = merge_results(parts)
     else:
         results = run_suite(args.stage_list, "dry" if args.dry_run else "full", args.budget, args.sampler_sizes)
         if args.json:

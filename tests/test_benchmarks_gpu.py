@@ -71,3 +71,18 @@ def test_bad_arguments_are_one_line_errors():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--stages", "env,gpu"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "--stages: unknown ['gpu']" in proc.stderr
+
+
+def test_saved_runs_merge_into_one_report():
+    """The H100 results of 2026-11-26 came from two calls (the 1.5B sampler with memory and update, then the
+    0.5B sampler): rendered together, the report holds both sampler sizes and the other stages once."""
+    runs = [json.load(open(os.path.join(ROOT, "benchmarks", "results", f"h100-2026-11-26-{x}.json"))) for x in "ba"]
+    merged = gpu_suite.merge_results(runs)
+    assert set(merged["stages"]["sampler"]) >= {"0.5B", "1.5B"}
+    assert merged["seconds"] == pytest.approx(runs[0]["seconds"] + runs[1]["seconds"])
+    text = gpu_suite.render(merged)
+    assert "| 0.5B (0.49B) | full length |" in text and "| 1.5B (1.54B) | heavy-tailed |" in text
+    assert text.count("**Memory**") == 1 and text.count("**Update**") == 1
+    # A failed later run of a stage replaces the earlier result: nothing stale is kept beside an error.
+    failed = {"stages": {"sampler": {"status": "error", "error": "x"}}, "seconds": 1.0}
+    assert gpu_suite.merge_results([*runs, failed])["stages"]["sampler"] == {"status": "error", "error": "x"}

@@ -130,6 +130,7 @@ def assert_params_close(params, base, atol, what):
 
 
 # ============================================================================== 1 device vs 8 devices
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(map(str, m)))
 def test_mesh_matches_one_device(jobs, mesh):
     out = wait_meshes(jobs)

@@ -7,13 +7,14 @@ machine, the install included. Three rules keep the suite inside it by construct
    setup and call, counted over the worker process and the subprocesses it waited for (a module
    fixture's setup lands on the first test that uses it). Over that, the test fails, saying so. CPU
    time, not wall time: on a loaded machine a test waits longer but burns about the same CPU, so the
-   rule does not flake with the load; the budget is several times the slowest unmarked test, so a
-   cache miss or a slower core does not reach it either.
+   rule does not flake with the load. Every unmarked test of the last CI run took under a minute of
+   wall time on two busy cores; the budget is half as much again, so a compilation-cache miss (which
+   worker compiled a program first varies between runs) does not reach it either.
 2. `@pytest.mark.slow` is for the few end-to-end runs (one learning bar per capability, a CLI run in
-   subprocesses); at most MAX_SLOW of them may exist (test functions, a parametrized one once: a count, exact,
-   checked at collection). The files
-   that hold them start first (`--dist loadfile --no-loadscope-reorder` in pytest.ini), so the long
-   files never start last and leave one worker idle at the end.
+   subprocesses); at most MAX_SLOW of them may exist (test functions, a parametrized one counted once:
+   a count, exact, checked at collection). The files that hold them start first (`--dist loadfile
+   --no-loadscope-reorder` in pytest.ini; xdist's default order, most tests first, started the 138 s
+   GPU-suite dry run as the 58th of 82 files), so a long file never leaves the other worker idle at the end.
 3. The run ends with its wall time and summed test CPU against the budget, and a loud warning when the
    wall time is over TESTS_WALL_BUDGET_S (the CI budget less the install): wall time depends on the
    machine's load, so it warns and never fails.
@@ -23,8 +24,8 @@ import time
 
 import pytest
 
-PER_TEST_CPU_S = 60.0
-MAX_SLOW = 12
+PER_TEST_CPU_S = 90.0
+MAX_SLOW = 10
 TESTS_WALL_BUDGET_S = 13 * 60
 # tests/test_benchmarks*.py are kept by benchmarks/ (each runs a script at toy size): their long ones
 # are marked here, by node id, rather than in files that move with the benchmarks.

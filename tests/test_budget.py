@@ -39,7 +39,8 @@ def test_sleeps():
 
 def test_burns_in_a_child():
     import subprocess, sys
-    subprocess.run([sys.executable, "-c", "import time\\ns = time.process_time()\\nwhile time.process_time() - s < 0.6: pass"])
+    child = "import time\\ns = time.process_time()\\nwhile time.process_time() - s < 0.6:\\n    pass"
+    subprocess.run([sys.executable, "-c", child])
 """
 TEST_B = BURN + """
 @pytest.mark.slow
@@ -69,7 +70,8 @@ def test_unmarked_tests_over_the_cpu_budget_fail_and_marked_ones_pass(tmp_path):
                        "test_b.py::test_listed": "PASSED", "test_a.py::test_quick": "PASSED",
                        "test_a.py::test_burns": "FAILED", "test_a.py::test_sleeps": "PASSED",
                        "test_a.py::test_burns_in_a_child": "FAILED"}, proc.stdout[-3000:]
-    assert "test_a.py::test_burns used 1 s of CPU (setup and call), over the 0.3 s of a test not marked slow" in proc.stdout
+    assert ("test_a.py::test_burns used 1 s of CPU (setup and call), over the 0.3 s of a test not marked slow"
+            in proc.stdout)
     assert proc.returncode == 1
     assert "test time budget" in proc.stdout and "CPU of the tests" in proc.stdout
 

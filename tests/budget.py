@@ -13,8 +13,9 @@ machine, the install included. Three rules keep the suite inside it by construct
 2. `@pytest.mark.slow` is for the few end-to-end runs (one learning bar per capability, a CLI run in
    subprocesses); at most MAX_SLOW of them may exist (test functions, a parametrized one counted once:
    a count, exact, checked at collection). The files that hold them start first (`--dist loadfile
-   --no-loadscope-reorder` in pytest.ini; xdist's default order, most tests first, started the 138 s
-   GPU-suite dry run as the 58th of 82 files), so a long file never leaves the other worker idle at the end.
+   --no-loadscope-reorder` in pytest.ini, pytest-xdist >= 3.8; xdist's default order, most tests first,
+   started the 138 s GPU-suite dry run as the 58th of 82 files), so a long file never leaves the other
+   worker idle at the end.
 3. The run ends with its wall time and summed test CPU against the budget, and a loud warning when the
    wall time is over TESTS_WALL_BUDGET_S (the CI budget less the install): wall time depends on the
    machine's load, so it warns and never fails.

@@ -222,6 +222,7 @@ def test_bad_input_gives_one_line_errors(jobs):
 
 
 # ============================================================================== 2 processes vs 1
+@pytest.mark.slow  # the CPU of both jax.distributed processes lands here (tests/budget.py)
 def test_two_processes_reproduce_one_process(jobs):
     two = jobs.wait("process0")
     jobs.wait("process1")

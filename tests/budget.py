@@ -6,10 +6,15 @@ machine, the install included. Three rules keep the suite inside it by construct
 1. Per-test CPU budget. A test not marked `slow` may use at most PER_TEST_CPU_S seconds of CPU for its
    setup and call, counted over the worker process and the subprocesses it waited for (a module
    fixture's setup lands on the first test that uses it). Over that, the test fails, saying so. CPU
-   time, not wall time: on a loaded machine a test waits longer but burns about the same CPU, so the
-   rule does not flake with the load. Every unmarked test of the last CI run took under a minute of
-   wall time on two busy cores; the budget is half as much again, so a compilation-cache miss (which
-   worker compiled a program first varies between runs) does not reach it either.
+   time, not wall time: on a loaded machine a test waits longer but burns about the same CPU. Not quite
+   the same: contention (shared caches, hyperthreads) inflates it, about 2x on a 2-core machine at load
+   20 (two 800-step runs of tests/test_async.py took 94 s of wall time together on the quiet CI machine;
+   one took 92 s of CPU at load 20). So above
+   OVERLOADED_PER_CORE (the 1-minute load average per core, at the end of the test) an over-budget test
+   is listed at the end of the run instead of failing: the rule does not flake on a loaded machine, and
+   CI (two workers on two cores) enforces it. Every unmarked test of the last CI run took under a minute
+   of wall time there; the budget is half as much again, so a compilation-cache miss (which worker
+   compiled a program first varies between runs) does not reach it either.
 2. `@pytest.mark.slow` is for the few end-to-end runs (one learning bar per capability, a CLI run in
    subprocesses); at most MAX_SLOW of them may exist (test functions, a parametrized one counted once:
    a count, exact, checked at collection). The files that hold them start first (`--dist loadfile
@@ -20,6 +25,7 @@ machine, the install included. Three rules keep the suite inside it by construct
    wall time is over TESTS_WALL_BUDGET_S (the CI budget less the install): wall time depends on the
    machine's load, so it warns and never fails.
 """
+import os
 import resource
 import time
 
@@ -27,6 +33,7 @@ import pytest
 
 PER_TEST_CPU_S = 90.0
 MAX_SLOW = 10
+OVERLOADED_PER_CORE = 2.0  # 1-minute load average per core above which CPU time is not trusted to fail a test
 TESTS_WALL_BUDGET_S = 13 * 60
 # tests/test_benchmarks*.py are kept by benchmarks/ (each runs a script at toy size): their long ones
 # are marked here, by node id, rather than in files that move with the benchmarks.
@@ -69,24 +76,32 @@ def pytest_runtest_makereport(item, call):
     cpu = _cpu_s() - item._budget_cpu_start
     report.user_properties.append(("cpu_s", round(cpu, 2)))  # to the controller (xdist)
     item.user_properties.append(("cpu_s", round(cpu, 2)))  # to the later reports (--junitxml writes them)
-    if report.passed and cpu > PER_TEST_CPU_S and not _is_slow(item):
-        report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid} used {cpu:.0f} s of CPU (setup and call), over the {PER_TEST_CPU_S:g} s "
-                           "of a test not marked slow (tests/budget.py): share its compiled programs with a module "
-                           "fixture, shrink its shapes or steps, or fold it into one of the slow runs")
+    if not (report.passed and cpu > PER_TEST_CPU_S and not _is_slow(item)):
+        return
+    message = (f"{item.nodeid} used {cpu:.0f} s of CPU (setup and call), over the {PER_TEST_CPU_S:g} s of a test "
+               "not marked slow (tests/budget.py): share its compiled programs with a module fixture, shrink its "
+               "shapes or steps, or fold it into one of the slow runs")
+    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    if load <= OVERLOADED_PER_CORE * cores:
+        report.outcome, report.longrepr = "failed", message
+    else:  # contention inflates CPU time too (shared caches, hyperthreads): listed at the end, not failed
+        report.user_properties.append(("over_budget", f"{message} [not failed: load {load:.0f} on {cores} cores]"))
 
 
 class _Totals:
     start = time.monotonic()
     cpu = 0.0
     slow = []  # (cpu s, node id)
+    over = []  # messages of tests over the budget that were not failed
 
 
 def pytest_runtest_logreport(report):
-    cpu = dict(report.user_properties).get("cpu_s")
-    if report.when == "call" and cpu is not None:
-        _Totals.cpu += cpu
-        _Totals.slow.append((cpu, report.nodeid))
+    properties = dict(report.user_properties)
+    if report.when == "call" and "cpu_s" in properties:
+        _Totals.cpu += properties["cpu_s"]
+        _Totals.slow.append((properties["cpu_s"], report.nodeid))
+        if "over_budget" in properties:
+            _Totals.over.append(properties["over_budget"])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -97,5 +112,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("-", "test time budget")
     terminalreporter.write_line(f"wall {wall:.0f} s (CI budget for the tests: {TESTS_WALL_BUDGET_S} s); CPU of the "
                                 f"tests {_Totals.cpu:.0f} s; most CPU: {top}")
+    for message in _Totals.over:
+        terminalreporter.write_line(f"OVER BUDGET: {message}", red=True)
     if wall > TESTS_WALL_BUDGET_S and len(_Totals.slow) > 200:  # a whole run, not one file
         terminalreporter.write_sep("!", f"OVER BUDGET: the tests took {wall:.0f} s > {TESTS_WALL_BUDGET_S} s", red=True)

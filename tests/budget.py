@@ -81,7 +81,8 @@ def pytest_runtest_makereport(item, call):
     message = (f"{item.nodeid} used {cpu:.0f} s of CPU (setup and call), over the {PER_TEST_CPU_S:g} s of a test "
                "not marked slow (tests/budget.py): share its compiled programs with a module fixture, shrink its "
                "shapes or steps, or fold it into one of the slow runs")
-    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if load <= OVERLOADED_PER_CORE * cores:
         report.outcome, report.longrepr = "failed", message
     else:  # contention inflates CPU time too (shared caches, hyperthreads): listed at the end, not failed

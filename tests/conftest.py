@@ -44,4 +44,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     if getattr(config, "_jaxrl_cache_owner", False):
-        shutil.rmtree(os.environ.pop(_DIR_VAR), ignore_errors=True)
+        directory = os.environ.pop(_DIR_VAR)
+        if os.environ.get("JAX_COMPILATION_CACHE_DIR") == directory:
+            del os.environ["JAX_COMPILATION_CACHE_DIR"]
+        shutil.rmtree(directory, ignore_errors=True)

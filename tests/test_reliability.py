@@ -511,6 +511,7 @@ def catalogue(tmp_path_factory, reference_run, compile_cache):
         return {k: (f.result(), jobs[k][3]) for k, f in futures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,expected", [(n, e) for n, _, e in CATALOGUE], ids=[n for n, _, _ in CATALOGUE])
 def test_bad_input_exits_with_one_line_and_leaves_nothing_behind(catalogue, name, expected):
     proc, a = catalogue[name]

@@ -130,6 +130,7 @@ def assert_params_close(params, base, atol, what):
 
 
 # ============================================================================== 1 device vs 8 devices
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(map(str, m)))
 def test_mesh_matches_one_device(jobs, mesh):
     out = wait_meshes(jobs)
@@ -221,6 +222,7 @@ def test_bad_input_gives_one_line_errors(jobs):
 
 
 # ============================================================================== 2 processes vs 1
+@pytest.mark.slow  # the CPU of both jax.distributed processes lands here (tests/budget.py)
 def test_two_processes_reproduce_one_process(jobs):
     two = jobs.wait("process0")
     jobs.wait("process1")

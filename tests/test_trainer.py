@@ -93,6 +93,7 @@ def test_one_step_with_continuous_batching(tmp_path):
     assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
 
 
+@pytest.mark.slow
 def test_reward_rises_on_easy_task(tmp_path):
     """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's."""
     c = tiny.get_config("algo=grpo")

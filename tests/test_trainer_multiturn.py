@@ -295,6 +295,7 @@ def test_multiturn_on_a_mesh_matches_one_device(tmp_path):
         assert b["sampler/logp_diff_max"] <= 1e-4
 
 
+@pytest.mark.slow
 def test_default_tiny_multiturn_run_uses_the_feedback(tmp_path):
     """configs/tiny_multiturn.py as the README runs it (300 steps from random init, about a minute): the
     training reward ends past the bar (initial + half the headroom to 1) and past 0.4, the best a policy

@@ -4,9 +4,9 @@ N processes (jax.distributed on 127.0.0.1, gloo collectives), on fake CPU device
   python tests/pods_worker.py OUT_DIR RUNS                 # one process, 4 devices
   python tests/pods_worker.py OUT_DIR RUNS ADDR N I        # process I of N, 4/N devices each
 
-RUNS: comma-separated names of `CONFIGS`; each writes OUT_DIR/<run>.json (metrics per step) and
-OUT_DIR/<run>.npz (final policy parameters, gathered) from process 0, into the workdir OUT_DIR/w_<run>
-(an existing one is resumed). XLA_FLAGS and JAX_PLATFORMS come from the test; nothing here imports jax
+RUNS: comma-separated `CONFIG` or `CONFIG@NAME` (CONFIG a key of `CONFIGS`; NAME defaults to it); each
+trains in the workdir OUT_DIR/w_<NAME> (an existing one is resumed) and process 0 writes
+OUT_DIR/<NAME>.json (metrics per step of this run) and OUT_DIR/<NAME>.npz (final policy parameters). XLA_FLAGS and JAX_PLATFORMS come from the test; nothing here imports jax
 at module level.
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ def multiturn(algo: str):
     import tiny_multiturn
     c = tiny_multiturn.get_config(f"algo={algo}")
     return _set(c, {"seed": 0, "total_steps": 2, "rollout.batch_prompts": 4, "rollout.group_size": 4,
-                    "data.task_rows": 64, "eval.every_steps": 2, "eval.num_prompts": 8, "eval.k": 2,
+                    "env.max_turns": 3, "rollout.max_new_tokens": 6,
+                    "data.task_rows": 64, "eval.every_steps": 2, "eval.num_prompts": 4, "eval.k": 2,
                     "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 1,
                     "checkpoint.every_steps": 1, "checkpoint.async_save": False, "log.progress": False,
                     "log.tensorboard": False, "export.at_end": False, "export.plot": False})
@@ -53,12 +54,14 @@ def multiturn(algo: str):
 CONFIGS = {"grpo_k2": grpo_async, "mt_grpo": lambda: multiturn("grpo"), "mt_ppo": lambda: multiturn("ppo")}
 
 
-def run(out_dir: str, name: str):
+def run(out_dir: str, spec: str):
     import jax
     import numpy as np
     from jaxrl_llm import distributed as dist
     from jaxrl_llm.trainer import Trainer
-    t = Trainer(CONFIGS[name](), os.path.join(out_dir, f"w_{name}"))
+    config, _, name = spec.partition("@")
+    t = Trainer(CONFIGS[config](), os.path.join(out_dir, f"w_{name or config}"))
+    name = name or config
     history = t.run()
     params = jax.tree_util.tree_map(dist.to_host, t.state.params)  # collective across processes
     if not dist.is_main():

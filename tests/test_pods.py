@@ -77,10 +77,12 @@ def runs(tmp_path_factory):
     killed = _launch(two, "grpo_k2@k2", 2, "killed", fault_on=1)
     try:
         code1 = killed[1].wait(timeout=1200)
-        killed[0].kill()  # stuck in a collective with the dead process: the rerun of all processes
+        # Process 0 is stuck in a collective with the dead process, or failing in it ("Gloo AllGather
+        # failed: Connection closed by peer"): either way it is killed too, the rerun is of all processes.
+        killed[0].kill()
         codes = [_wait(killed[:1])[0], code1]
         killed[1].log.close()
-        assert codes == [-9, -9], _tail(killed)
+        assert code1 == -9 and codes[0] != 0, (codes, _tail(killed))
         after_kill = {"committed": fr.committed_steps(os.path.join(two, "w_k2")),
                       "rows": fr.read_jsonl(os.path.join(two, "w_k2", "metrics.jsonl"))}
         shutil.copytree(os.path.join(two, "w_k2"), os.path.join(one, "w_k2_on_one"))

@@ -65,6 +65,13 @@ def _wait(procs, timeout: float = 1200) -> list[int]:
     return codes
 
 
+def _report(what: str, rows, base_rows, params, base_params) -> None:
+    """Prints the largest differences (`pytest -s`): the numbers the docs quote."""
+    metric = max(abs(r[k] - b[k]) for r, b in zip(rows, base_rows) for k in b)
+    param = max(float(np.abs(params[k] - base_params[k]).max()) for k in base_params)
+    print(f"{what}: max |metric diff| {metric:.3g}, max |param diff| {param:.3g}")
+
+
 def _tail(procs) -> str:
     return "\n".join(open(p.log.name, errors="replace").read()[-3000:] for p in procs)
 
@@ -112,6 +119,8 @@ def test_async_k2_on_two_processes_matches_one_process_after_a_kill(runs):
     assert resumed["start_step"] == 2 and resumed["local_rows"] == 4  # each process sampled its half
     assert_metrics_close(resumed["metrics"], base["metrics"][2:], "2 processes resumed after kill -9 vs 1 process")
     assert_params_close(params, base_params, PARAM_ATOL, "2 processes resumed after kill -9 vs 1 process")
+    _report("k=2, 2 processes (killed, rerun) vs 1", killed_rows + resumed["metrics"], base["metrics"], params,
+            base_params)
     rows = fr.read_jsonl(os.path.join(runs["two"], "w_k2", "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the log reads as one run
 
@@ -123,6 +132,8 @@ def test_in_flight_batches_resume_on_another_process_count(runs):
     assert resumed["start_step"] == 2 and resumed["local_rows"] == 8
     assert_metrics_close(resumed["metrics"], base["metrics"][2:], "2-process checkpoint resumed on 1 process")
     assert_params_close(params, base_params, PARAM_ATOL, "2-process checkpoint resumed on 1 process")
+    _report("k=2, 2-process checkpoint 2 resumed on 1 process vs 1", resumed["metrics"], base["metrics"][2:],
+            params, base_params)
 
 
 def test_multiturn_grpo_with_evaluation_on_two_processes_matches_one_process(runs):
@@ -136,4 +147,6 @@ def test_multiturn_grpo_with_evaluation_on_two_processes_matches_one_process(run
     assert_metrics_close(no_time(two["metrics"] + [two["initial_eval"]]),
                          no_time(base["metrics"] + [base["initial_eval"]]), "multi-turn, 2 processes vs 1")
     assert_params_close(params, base_params, PARAM_ATOL, "multi-turn, 2 processes vs 1")
+    _report("multi-turn GRPO + eval, 2 processes vs 1", no_time(two["metrics"] + [two["initial_eval"]]),
+            no_time(base["metrics"] + [base["initial_eval"]]), params, base_params)
     assert any(m["policy/grad_norm"] > 1e-3 for m in base["metrics"])

@@ -6,8 +6,11 @@ N processes (jax.distributed on 127.0.0.1, gloo collectives), on fake CPU device
 
 RUNS: comma-separated `CONFIG` or `CONFIG@NAME` (CONFIG a key of `CONFIGS`; NAME defaults to it); each
 trains in the workdir OUT_DIR/w_<NAME> (an existing one is resumed) and process 0 writes
-OUT_DIR/<NAME>.json (metrics per step of this run) and OUT_DIR/<NAME>.npz (final policy parameters). XLA_FLAGS and JAX_PLATFORMS come from the test; nothing here imports jax
-at module level.
+OUT_DIR/<NAME>.json (metrics per step of this run) and OUT_DIR/<NAME>.npz (final policy parameters).
+A run named `term` is preempted instead: process 1 sends itself SIGTERM in step TERM_AT + 1, and each
+process writes OUT_DIR/term<I>.json with the step it stopped after and why (put it last: a process
+that got JAX's preemption notice keeps it). XLA_FLAGS and JAX_PLATFORMS come from the test; nothing
+here imports jax at module level.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "configs")]
 
 DEVICES = 4  # in all: the mesh (2, 2, 1) whatever the process count
 STEPS = 4
+TERM_AT = 1  # steps done when process 1 of the `term` run signals itself
 
 
 def _set(c, overrides: dict):
@@ -62,6 +66,8 @@ def run(out_dir: str, spec: str):
     config, _, name = spec.partition("@")
     t = Trainer(CONFIGS[config](), os.path.join(out_dir, f"w_{name or config}"))
     name = name or config
+    if name == "term":
+        return preempt(out_dir, t)
     history = t.run()
     params = jax.tree_util.tree_map(dist.to_host, t.state.params)  # collective across processes
     if not dist.is_main():
@@ -72,6 +78,29 @@ def run(out_dir: str, spec: str):
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump({"metrics": rows, "start_step": t.start_step, "initial_eval": t.initial_eval,
                    "local_rows": t.data.local_batch_size}, f)
+
+
+def preempt(out_dir: str, t):
+    """Runs `t` with process 1 signalled at step TERM_AT + 1; records where each process stopped."""
+    import signal
+
+    import jax
+    from jaxrl_llm.preemption import Preempted
+    step = t.train_step
+
+    def train_step(state):
+        if jax.process_index() == 1 and int(state.step) == TERM_AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(state)
+
+    t.train_step = train_step
+    try:
+        t.run()
+        record = {"step": None}
+    except Preempted as e:
+        record = {"step": e.step, "reason": e.reason}
+    with open(os.path.join(out_dir, f"term{jax.process_index()}.json"), "w") as f:
+        json.dump(record, f)
 
 
 def main(out_dir: str, runs: list[str], coordinator: str = "", n: int = 1, pid: int = 0):

@@ -9,9 +9,9 @@ gloo collectives, 2 fake devices each) against one process with the same 4 devic
       processes continues to the run that never stopped, and so does a rerun of a copy of that
       checkpoint on one process (another process count: the batches in flight are global rows).
 
-SIGTERM to one process of two (both stop after the same step, with a checkpoint) is
-tests/test_preemption.py's `test_processes_agree_on_the_stop_step`; the checkpoint it saves is the one
-`Trainer.save` writes here at every step.
+  (e) SIGTERM to process 1 of a k = 2 run in step 2: both processes stop after the same step, with a
+      checkpoint of it that holds the global rows of the batches in flight (the agreement itself, for
+      SIGINT too, is tests/test_preemption.py's `test_processes_agree_on_the_stop_step`).
 
 Tolerances (float32; observed in parentheses): metrics rtol 1e-5 + atol 1e-6 and parameters atol 1e-5,
 as tests/test_scaling.py for one mesh against another (k = 2: metrics 4.8e-7, parameters 3e-8; the
@@ -93,7 +93,7 @@ def runs(tmp_path_factory):
         after_kill = {"committed": fr.committed_steps(os.path.join(two, "w_k2")),
                       "rows": fr.read_jsonl(os.path.join(two, "w_k2", "metrics.jsonl"))}
         shutil.copytree(os.path.join(two, "w_k2"), os.path.join(one, "w_k2_on_one"))
-        rerun = _launch(two, "grpo_k2@k2,mt_grpo", 2, "rerun")
+        rerun = _launch(two, "grpo_k2@k2,mt_grpo,grpo_k2@term", 2, "rerun")
         single = _launch(one, "grpo_k2,mt_grpo,grpo_k2@k2_on_one", 1, "single")
         codes = _wait(rerun) + _wait(single)
         assert codes == [0, 0, 0], _tail(rerun + single)
@@ -150,3 +150,33 @@ def test_multiturn_grpo_with_evaluation_on_two_processes_matches_one_process(run
     _report("multi-turn GRPO + eval, 2 processes vs 1", no_time(two["metrics"] + [two["initial_eval"]]),
             no_time(base["metrics"] + [base["initial_eval"]]), params, base_params)
     assert any(m["policy/grad_norm"] > 1e-3 for m in base["metrics"])
+
+
+def test_sigterm_to_one_process_stops_both_with_the_batches_in_flight(runs):
+    """(e) both processes stop after the same step s, checkpoint s committed, holding the batches of
+    steps s..s+k-1 as all 16 rows (8 prompts x 2) of each, gathered from both processes."""
+    import base64
+    import io
+
+    import orbax.checkpoint as ocp
+    from jaxrl_llm.checkpoint import Checkpointer
+    stops = [json.load(open(os.path.join(runs["two"], f"term{p}.json"))) for p in range(2)]
+    assert stops[0] == stops[1] and stops[0]["reason"].startswith("preempted"), stops
+    s = stops[0]["step"]
+    assert 2 <= s < 4
+    work = os.path.join(runs["two"], "w_term")
+    assert fr.committed_steps(work)[-1] == s
+    ck = Checkpointer(os.path.join(work, "checkpoints"), max_to_keep=10)
+    try:
+        meta = ck.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    finally:
+        ck.close()
+    in_flight = [(d["step"], d["version"]) for d in meta["inflight"]]
+    assert in_flight == [(j, max(0, j - 2)) for j in range(s, min(s + 2, 4))]
+    base, _ = load(runs["one"], "grpo_k2")
+    for d in meta["inflight"]:
+        with np.load(io.BytesIO(base64.b64decode(d["local"]))) as z:
+            assert z["tokens"].shape[0] == 16 and z["prompt_tokens"].shape[0] == 8
+            assert np.all(z["policy_version"] == max(0, d["step"] - 2))
+            # the batch's scores are the uninterrupted run's (the same rows, sampled by the same policy)
+            assert np.isclose(z["scores"].mean(), base["metrics"][d["step"]]["reward/mean"], rtol=1e-5, atol=1e-6)

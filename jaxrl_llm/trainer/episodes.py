@@ -184,4 +184,5 @@ def _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id
         logprobs[i, model] = [a for a, _ in logps[i]]
         behavior[i, model] = [b for _, b in logps[i]]
     return Episodes(prompt_tokens, prompt_mask, tokens, attention, mask, logprobs, behavior,
-                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(dist.allgather_rows), texts, list(batch.prompts))
+                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(dist.allgather_rows), texts,
+                    list(batch.prompts))

@@ -221,6 +221,32 @@ def allgather_rows(local: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(local, tiled=True))
 
 
+def allgather_lists(lists: list) -> list[list[int]]:
+    """Every host's lists of ints (the same count on every host), concatenated in process order on
+    every host: two gathers, of the lengths and of the lists right-padded to the longest."""
+    if jax.process_count() == 1:
+        return [list(x) for x in lists]
+    lengths = allgather_rows(np.asarray([len(x) for x in lists], np.int32))
+    padded = np.zeros((len(lists), max(1, int(lengths.max(initial=0)))), np.int32)
+    for i, x in enumerate(lists):
+        padded[i, :len(x)] = x
+    return [row[:k].tolist() for row, k in zip(allgather_rows(padded), lengths)]
+
+
+def any_process(flag: bool) -> bool:
+    """True on every host when `flag` is True on any: one decision that all hosts' collectives follow."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(allgather_rows(np.array([bool(flag)])).any())
+
+
+def fetch(x) -> np.ndarray:
+    """A (small) global array as NumPy on every host: `to_host` where it spans other hosts' devices."""
+    if jax.process_count() == 1 or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(jax.device_get(x))
+    return to_host(x)
+
+
 def sync(name: str):
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)

@@ -285,7 +285,7 @@ def test_k_ge_1_defaults_and_errors():
         config_lib.prepare(small(0, **{"mesh.rollout_devices": -1}))
 
 
-def test_device_split_errors():
+def test_device_split_errors(monkeypatch):
     c = config_lib.prepare(small(1, **{"mesh.rollout_devices": 1}))
     with pytest.raises(ValueError, match=r"mesh.rollout_devices=1 leaves no training device of the 1"):
         ar.split_devices(c, jax.devices()[:1])
@@ -293,6 +293,13 @@ def test_device_split_errors():
     with pytest.raises(ValueError, match=r"batch_prompts=4 must be divisible by mesh.rollout_devices=3"):
         ar.split_devices(c, list(jax.devices()) * 4)
     assert ar.split_devices(config_lib.prepare(small(1)), jax.devices()) == (list(jax.devices()), None)
+    # Several processes: k >= 1 on the shared mesh is accepted, a rollout mesh refused with the reason.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert ar.split_devices(config_lib.prepare(small(2)), jax.devices()) == (list(jax.devices()), None)
+    c = config_lib.prepare(small(1, **{"mesh.rollout_devices": 1}))
+    with pytest.raises(ValueError, match=r"^config.mesh.rollout_devices > 0 needs a single process for now \(the "
+                                         r"producer thread's collectives are not ordered with the trainer's"):
+        ar.split_devices(c, list(jax.devices()) * 4)
 
 
 # ====================================================================================== learning

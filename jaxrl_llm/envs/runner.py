@@ -127,13 +127,23 @@ class EpisodeBatch:
         """(N,) float32: the sum of each episode's turn rewards (None counts 0)."""
         return np.asarray([sum(r for r in rs if r is not None) for rs in self.turn_rewards], np.float32)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, gather=None) -> dict[str, float]:
         """`env/turns/mean`, `env/tool_calls/mean`, `env/errors/mean`, `env/aborted_frac`,
-        `env/reward/mean` and `env/reward/turn{k}/mean` (over the episodes that reached turn k)."""
-        out = {"env/turns/mean": float(self.turns.mean()), "env/tool_calls/mean": float(self.tool_calls.mean()),
-               "env/errors/mean": float(self.errors.mean()), "env/aborted_frac": float(self.aborted.mean()),
-               "env/reward/mean": float(self.episode_rewards().mean())}
-        for k in range(max((len(r) for r in self.turn_rewards), default=0)):
-            values = [r[k] or 0.0 for r in self.turn_rewards if len(r) > k]
-            out[f"env/reward/turn{k + 1}/mean"] = float(np.mean(values))
+        `env/reward/mean` and `env/reward/turn{k}/mean` (over the episodes that reached turn k).
+        gather: (n, ...) array -> the rows of every process (in process order), for metrics over all of
+        them; None: these episodes'."""
+        gather = gather or (lambda x: x)
+        rewards = np.full((len(self.turn_rewards), self.max_turns), np.nan)  # NaN: turn not reached
+        for i, rs in enumerate(self.turn_rewards):
+            rewards[i, :len(rs)] = [r or 0.0 for r in rs]
+        turns, tool_calls, errors, aborted, total, rewards = (
+            gather(np.asarray(x)) for x in (self.turns, self.tool_calls, self.errors, self.aborted,
+                                             self.episode_rewards(), rewards))
+        out = {"env/turns/mean": float(turns.mean()), "env/tool_calls/mean": float(tool_calls.mean()),
+               "env/errors/mean": float(errors.mean()), "env/aborted_frac": float(aborted.mean()),
+               "env/reward/mean": float(total.mean())}
+        for k in range(rewards.shape[1]):
+            reached = ~np.isnan(rewards[:, k])
+            if reached.any():
+                out[f"env/reward/turn{k + 1}/mean"] = float(np.mean(rewards[reached, k]))
         return out

@@ -136,9 +136,6 @@ class Evaluator:
         self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
-        if self.env is not None and jax.process_count() > 1:
-            raise ValueError("env.name: multi-turn episodes are evaluated on one process for now "
-                             f"(jax.process_count() is {jax.process_count()})")
 
     def __call__(self, params, step: int = 0) -> tuple[dict[str, float], list[dict]]:
         """`step`: the training step the parameters are from (rewards see it as trainer_state.global_step)."""

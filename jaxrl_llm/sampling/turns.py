@@ -29,6 +29,9 @@ Randomness: the token at offset j of row n's episode is drawn from fold_in(fold_
 other rows' turns end. Log-probs follow `jaxrl_llm.sampling`'s convention (the full vocabulary at the
 temperature, plus behaviour log-probs of the top-k/top-p distribution).
 
+Several processes: every argument the host passes (limits, observations, rewinds) is of all N rows and
+the same on every host (`trainer/episodes.py` gathers them), so the programs see one global batch.
+
 Cost: a turn costs one decode step per token of its longest row. An append costs one pass over its
 O tokens against the prompt and the cache, against a prefill of the whole episode at every turn for a
 loop of single-turn `generate` calls. Each call sees a window of the cache: its first W slots, W the
@@ -48,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import distributed as dist
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import (decode_layer_weights, decode_prepare, decode_step, decode_unrolled, init_cache,
                                  logits_from_hidden, prefill)
@@ -250,7 +254,7 @@ def decode_turn(config: ModelConfig, params, episode: Episode, rng, limit, *, ma
     check_penalties(repetition_penalty, min_p)
     if repetition_penalty != 1.0 and episode.counts is None:
         raise ValueError("repetition_penalty: the episode was started without repetition_penalty=True")
-    length = np.asarray(episode.length)
+    length = dist.fetch(episode.length)  # global: the same on every host
     window = _window_for(episode, (length + np.minimum(limit, episode.capacity - length))[limit > 0].max(initial=1))
     return _decode_turn(config, params, episode, rng, jnp.asarray(limit, jnp.int32),
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
@@ -265,7 +269,7 @@ def rewind(episode: Episode, tokens, dropped_ids=None) -> Episode:
     one token -- re-feeding the last kept token restores it. dropped_ids (N lists of those tokens' ids)
     takes them out of the repetition penalty's counts; needed when the episode keeps counts."""
     tokens = np.asarray(tokens)
-    length = np.asarray(episode.length)
+    length = dist.fetch(episode.length)  # global: the same on every host
     if tokens.shape != length.shape or (tokens < 0).any() or (tokens > length).any():
         raise ValueError(f"rewind: tokens must be ({len(length)},) ints in [0, the row's length], got {tokens}")
     counts = episode.counts
@@ -290,7 +294,7 @@ def append(config: ModelConfig, params, episode: Episode, observations: Sequence
     if len(observations) != n:
         raise ValueError(f"{len(observations)} observations for {n} episode rows")
     lens = np.asarray([len(o) for o in observations], np.int32)
-    length = np.asarray(episode.length)
+    length = dist.fetch(episode.length)  # global: the same on every host
     room = episode.capacity - length
     if (lens > room).any():
         i = int(np.argmax(lens > room))

@@ -19,6 +19,14 @@ Two producers run that schedule:
 Exact resume: a checkpoint at step s stores the k batches in flight (s..s+k−1: host rows, a few MB for
 a real batch) rather than the k policy versions that sampled them (k copies of the model), so resume
 takes them back and continues with the batch of step s + k from the restored state.
+
+Several processes: each process samples its own block of rows (distributed.host_rows). A checkpoint
+stores every batch in flight as its *global* rows: `to_json` gathers the blocks in process order (a
+collective: every process calls `save`), and process 0 writes them with the checkpoint's metadata.
+On resume every process takes its block of the global rows back (`from_json`), so a resume on the same
+process count continues exactly, and one on another count (the batch divisible by it) trains on the
+same rows (the data position is global too); only the `samples.jsonl` rows of those batches, which
+process 0 drew from its own block, stay those of the old layout.
 """
 from __future__ import annotations
 
@@ -32,6 +40,8 @@ import time
 
 import jax
 import numpy as np
+
+from jaxrl_llm import distributed as dist
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.5  # how often a wait checks that the producer thread is alive
@@ -185,35 +195,53 @@ class ThreadedProducer(Producer):
 
 
 # ------------------------------------------------------------------------------- checkpointed batches
+_PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # (B, P), left-padded; every other key is (N, ...)
+
+
 def to_json(p: Produced) -> dict:
-    """A JSON-able record of a batch in flight: the rows as a base64 .npz (no pickle), the rest as is."""
+    """A JSON-able record of a batch in flight: its global rows (every process's block, in process
+    order: a collective) as a base64 .npz (no pickle), the rest as is."""
     buf = io.BytesIO()
-    np.savez_compressed(buf, **p.local)
+    np.savez_compressed(buf, **gather_rows(p.local))
     d = dataclasses.asdict(p)
     d["local"] = base64.b64encode(buf.getvalue()).decode("ascii")
     return d
 
 
 def from_json(d: dict) -> Produced:
+    """The record of `to_json`, with this process's block of its global rows."""
     with np.load(io.BytesIO(base64.b64decode(d["local"])), allow_pickle=False) as z:
-        local = {k: z[k] for k in z.files}
+        local = {k: z[k][dist.host_rows(len(z[k]))] for k in z.files}
     return Produced(**{**d, "local": local})
+
+
+def gather_rows(local: dict) -> dict:
+    """Every process's rows of a batch, concatenated in process order (the global batch); prompts
+    left-padded to the widest block first. The same keys on every process, taken in sorted order."""
+    out = {}
+    for k in sorted(local):
+        v = np.asarray(local[k])
+        if k in _PROMPT_KEYS and jax.process_count() > 1:
+            width = int(dist.allgather_rows(np.array([v.shape[1]])).max())
+            v = np.pad(v, ((0, 0), (width - v.shape[1], 0)))  # masked out: any id will do
+        out[k] = dist.allgather_rows(v)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ building
 def split_devices(c, devices=None):
     """(training devices, rollout devices or None): the last `mesh.rollout_devices` sample. Refuses
-    what the producers do not support: several processes."""
-    if c.rollout.max_staleness and jax.process_count() > 1:  # each host's rows in flight would need gathering
-        raise ValueError("config.rollout.max_staleness >= 1 needs a single process for now (the batches in flight "
-                         "are checkpointed per host); set it to 0")
+    what the producers do not support: a rollout mesh on several processes."""
     devices = list(jax.devices() if devices is None else devices)
     r = c.mesh.rollout_devices
     if not r:
         return devices, None
     if jax.process_count() > 1:
-        raise ValueError("config.mesh.rollout_devices > 0 needs a single process (the producer thread samples "
-                         "on this host's devices); set it to 0")
+        # The producer thread would run collectives (row gathers, the sampler's global arrays) next to the
+        # trainer's, in an order that differs between hosts: a deadlock, not an error.
+        raise ValueError("config.mesh.rollout_devices > 0 needs a single process for now (the producer thread's "
+                         "collectives are not ordered with the trainer's across hosts); set it to 0 -- "
+                         "rollout.max_staleness >= 1 works on several processes without it")
     if r >= len(devices):
         raise ValueError(f"config.mesh.rollout_devices={r} leaves no training device of the {len(devices)}")
     if c.rollout.batch_prompts % r:

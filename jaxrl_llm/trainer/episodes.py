@@ -9,6 +9,13 @@ template's suffix after the model's turn), and `turns.append` prefills them into
 text the model generated is ever re-encoded, so the trainer's teacher-forced log-probs on these tokens
 equal the sampler's (tests/test_envs_rollout.py). tests/episodes_reference.py re-prefills each turn with
 the single-turn sampler instead: its greedy episodes are the same (tests/test_sampling_turns.py).
+
+Several processes: each runs the environments of its own rows (its block of the batch) and keeps their
+trajectories; the device state holds every process's rows. Before each call the hosts gather what the
+call needs from every row (limits, observations, rewinds) and agree on whether any row is still active,
+so every host makes the same calls with the same arguments; each reads back its own rows. Row n draws
+from fold_in(rng, n) with n its global index: an episode's tokens depend on its row and the key alone,
+not on the process count. The metrics are over every process's episodes.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_llm import distributed as dist
 from jaxrl_llm import envs
 from jaxrl_llm.data.padding import left_pad
 from jaxrl_llm.sampling import turns
@@ -75,27 +83,28 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
         tools = env.tool_schemas() if hasattr(env, "tool_schemas") else None
         prompts = [envs.prompt_ids(tokenizer, p, tools) for p in batch.prompts]
         _check_groups(env, prompts, group_size)
-        n = len(prompts)
+        n = len(prompts)  # this process's rows; the device state holds every process's
         trajs = [envs.Trajectory(max_new_tokens) for _ in prompts]
         logps: list[list[tuple[float, float]]] = [[] for _ in prompts]  # (sampler's, behaviour) per model token
         truncated = [False] * n
         texts: list[list[str]] = [[] for _ in prompts]
         turn_budget = max_turn_tokens or max_new_tokens
-        prompt_width = turns.bucket(max(map(len, prompts)))
-        state = turns.start(mc, params, *left_pad(prompts[::group_size], prompt_width, pad_id),
+        every_prompt = dist.allgather_lists(prompts[::group_size])
+        prompt_width = turns.bucket(max(map(len, every_prompt)))
+        state = turns.start(mc, params, *left_pad(every_prompt, prompt_width, pad_id),
                             capacity=max_new_tokens, num_samples=group_size,
                             repetition_penalty=repetition_penalty != 1.0)
         for _ in range(max_turns):
             active = [i for i in range(n) if not batch.done[i]]
-            if not active:
+            if not dist.any_process(bool(active)):
                 break
             limit = np.zeros(n, np.int32)
             limit[active] = [min(turn_budget, trajs[i].room()) for i in active]
-            state, out = turns.decode_turn(mc, params, state, rng, limit, max_tokens=turn_budget, stop_ids=stop_ids,
-                                           temperature=temperature, top_k=top_k, top_p=top_p,
+            state, out = turns.decode_turn(mc, params, state, rng, dist.allgather_rows(limit), max_tokens=turn_budget,
+                                           stop_ids=stop_ids, temperature=temperature, top_k=top_k, top_p=top_p,
                                            repetition_penalty=repetition_penalty, min_p=min_p)
-            out_tokens, out_logp, out_blogp, counts = (np.asarray(x) for x in (out.tokens, out.logprobs,
-                                                                                 out.behavior_logprobs, out.count))
+            out_tokens, out_logp, out_blogp, counts = (dist.to_local(x) for x in (out.tokens, out.logprobs,
+                                                                                   out.behavior_logprobs, out.count))
             turn_texts: list[str | None] = [None] * n
             stop, ended, history = [False] * n, {}, {}
             dropped = np.zeros(n, np.int32)  # tokens drawn after a stop string: out of the row's cache
@@ -117,11 +126,11 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
             observations = batch.step(turn_texts, cannot_continue=stop)
             appended = _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs,
                                      truncated)
-            if dropped.any():
+            if dist.any_process(dropped.any()):
                 state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
-            if any(appended):
-                state = turns.append(mc, params, state, appended, pad_id=pad_id)
-        return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+            if dist.any_process(any(appended)):
+                state = turns.append(mc, params, state, dist.allgather_lists(appended), pad_id=pad_id)
+        return _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
 
 
 def _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs, truncated):
@@ -148,7 +157,8 @@ def _rewind(state, batch, trajs, dropped, dropped_ids, appended):
             appended[i] = trajs[i].ids[-1:]
             dropped_ids[i] = appended[i] + dropped_ids[i]
     dropped = np.where(batch.done, 0, dropped)
-    return turns.rewind(state, dropped, [d if k else [] for d, k in zip(dropped_ids, dropped)])
+    return turns.rewind(state, dist.allgather_rows(dropped),
+                        dist.allgather_lists([d if k else [] for d, k in zip(dropped_ids, dropped)]))
 
 
 def _check_groups(env, prompts: list[list[int]], g: int) -> None:
@@ -161,8 +171,8 @@ def _check_groups(env, prompts: list[list[int]], g: int) -> None:
                              "randomness in the state)")
 
 
-def _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, t) -> Episodes:
-    prompt_tokens, prompt_mask = left_pad(prompts, turns.bucket(max(map(len, prompts))), pad_id)
+def _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, t) -> Episodes:
+    prompt_tokens, prompt_mask = left_pad(prompts, prompt_width, pad_id)
     n = len(prompts)
     tokens = np.full((n, t), pad_id, np.int32)
     attention, mask = np.zeros((n, t), np.int32), np.zeros((n, t), np.int32)
@@ -174,4 +184,5 @@ def _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, t) -> Episod
         logprobs[i, model] = [a for a, _ in logps[i]]
         behavior[i, model] = [b for _, b in logps[i]]
     return Episodes(prompt_tokens, prompt_mask, tokens, attention, mask, logprobs, behavior,
-                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(), texts, list(batch.prompts))
+                    np.asarray(truncated, bool), batch.episode_rewards(), batch.metrics(dist.allgather_rows), texts,
+                    list(batch.prompts))

@@ -38,9 +38,6 @@ class Rollouts:
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
         self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
-        if self.env is not None and jax.process_count() > 1:  # episodes are sampled from this host's rows
-            raise ValueError("env.name: multi-turn episodes run on one process for now (jax.process_count() "
-                             f"is {jax.process_count()})")
 
     def sample_round(self, params, key, step: int = 0):
         """One batch of prompts sampled and scored at training step `step`: (this host's rows as NumPy,
@@ -104,7 +101,7 @@ class Rollouts:
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
                  "truncated": ep.truncated}
-        # env/reward/turn{k}/mean only for the turns some episode reached (episodes run on one process).
+        # env/... metrics are over every process's episodes (the same keys on every host).
         prompts, columns = self.reward_inputs(batch, local, step)
         local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, ep.metrics)
         # The log shows the whole episode after the prompt reset() gave it (the rewards get the column).

@@ -17,6 +17,8 @@ def prepared(algo, **fields):
     c.algo = algo
     c.data.task = "digit_puzzles"
     c.reward.functions = "digit_puzzles"
+    if algo in ("opd", "gkd"):  # distillation needs a teacher (not loaded here)
+        c.teacher.path = "teacher_dir"
     return config_lib.prepare(config_lib.from_dict(fields, c))
 
 

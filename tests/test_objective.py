@@ -168,5 +168,5 @@ def test_kl_controller_from_the_objective():
 
 
 def test_estimator_registry_lives_in_rl():
-    assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp"}
+    assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp", "none"}
     assert objective_lib.ESTIMATORS is rl.ESTIMATORS

@@ -11,6 +11,7 @@ same prompts and sampling budget (16 prompts x 16 samples a step); only the obje
   opd    algo=opd,  teacher.path=<teacher>: the teacher's per-token log-probs are the whole signal
   grpo   algo=grpo: the verifiable reward alone (the default)
   mixed  algo=grpo, teacher.path=<teacher>, distill.coef=1: GRPO's advantage + the opd advantage
+  gkd, opd_no_kl (--runs): algo=gkd (beta 0.5); opd without the tiny config's KL to the initial policy
 
 The bar (that of benchmarks/tiny_curves.py): the initial mean reward (the first 10 steps of the teacher's
 run, which starts from the students' random initialization) plus half the headroom to 1.0; "steps to the bar" is the first step whose trailing 10-step mean training reward reaches
@@ -50,7 +51,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--teacher-steps", type=int, default=800)
     ap.add_argument("--steps", type=int, default=400, help="steps of each student run")
-    ap.add_argument("--runs", default="opd,mixed,grpo")
+    ap.add_argument("--runs", default="opd,mixed,grpo", help="of opd, grpo, mixed, gkd, opd_no_kl")
     ap.add_argument("--workdir", default="", help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--out", default="", help="write the markdown table here")
     args = ap.parse_args()
@@ -64,14 +65,14 @@ def main():
         t_metrics = [json.loads(line) for line in f]
     t_pass = held_out(t_metrics)[1]["pass@1"][1]
     bar = to_bar(t_metrics)[0]  # the teacher run starts from the students' random initialization (seed 0)
-    extra = {"opd": ("--config.algo=opd", f"--config.teacher.path={teacher}/hf"),
-             "grpo": (),
-             "mixed": (f"--config.teacher.path={teacher}/hf", "--config.distill.coef=1.0")}
+    hf = f"--config.teacher.path={teacher}/hf"
+    runs = {"opd": ("opd", (hf,)), "grpo": ("grpo", ()), "mixed": ("grpo", (hf, "--config.distill.coef=1.0")),
+            "gkd": ("gkd", (hf,)), "opd_no_kl": ("opd", (hf, "--config.kl.coef=0.0"))}
     table = ["| student objective | steps to the bar | wall time to the bar | total wall (steps) | final reward "
              "(last 10%) | held-out pass@1 (start → end) |", "|---|---|---|---|---|---|"]
     for name in args.runs.split(","):
-        algo = "opd" if name == "opd" else "grpo"
-        wall, rows = run(algo, args.steps, os.path.join(root, name), extra[name][1:] if name == "opd" else extra[name])
+        algo, extra = runs[name]
+        wall, rows = run(algo, args.steps, os.path.join(root, name), extra)
         bar, step, secs = to_bar(rows, bar)
         r = np.array([x["reward/mean"] for x in rows if "reward/mean" in x])
         p1 = held_out(rows)[1]["pass@1"]

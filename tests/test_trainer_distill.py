@@ -80,3 +80,18 @@ def test_distillation_config_errors(fields, message):
     c = small_config()
     with pytest.raises(ValueError, match=message):
         config_lib.prepare(config_lib.from_dict(fields, c))
+
+
+
+def test_demo_steps_to_the_bar_by_hand():
+    """benchmarks/distill_demo.py's bar: initial reward (first 10 steps) + half the headroom to 1, reached
+    at the first step whose trailing 10-step mean gets there; seconds = the steps' step_s up to it."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from distill_demo import to_bar
+    rewards = [0.0] * 10 + [1.0] * 10  # trailing mean 0.5 first at step 15 (steps 6..15: five 1.0s)
+    rows = [{"step": 0, "eval/pass@1": 0.0}] + [{"step": i + 1, "reward/mean": r, "perf/step_s": 2.0}
+                                                for i, r in enumerate(rewards)]
+    assert to_bar(rows) == (0.5, 15, 30.0)
+    assert to_bar(rows, bar=0.95) == (0.95, 20, 40.0) and to_bar(rows, bar=1.5)[1:] == (None, None)

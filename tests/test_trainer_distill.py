@@ -95,3 +95,44 @@ def test_demo_steps_to_the_bar_by_hand():
                                                 for i, r in enumerate(rewards)]
     assert to_bar(rows) == (0.5, 15, 30.0)
     assert to_bar(rows, bar=0.95) == (0.95, 20, 40.0) and to_bar(rows, bar=1.5)[1:] == (None, None)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, tmp_path_factory):
+    """The trainer's gkd path (steps.gkd_divergence: the student's and the teacher's hidden states, each
+    model's head, the vocabulary scan) on a fixed batch of a Llama student and a wider Qwen2 teacher
+    equals TRL's GKDTrainer.generalized_jsd_loss on the two transformers models' logits of the same
+    [prompt; completion] rows, over the completion tokens of the mask."""
+    torch = pytest.importorskip("torch")
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    from fixtures_hf import left_padded_batch, make_hf_model
+    from jaxrl_llm import rl
+    from jaxrl_llm.models import load_hf
+    from jaxrl_llm.trainer.steps import gkd_divergence
+    root = tmp_path_factory.mktemp("gkd_models")
+    hs = make_hf_model(str(root / "s"), "llama", seed=0)
+    ht = make_hf_model(str(root / "t"), "qwen2", seed=1, hidden_size=48, intermediate_size=96, num_attention_heads=4)
+    (smc, sp), (tmc, tp) = load_hf(str(root / "s")), load_hf(str(root / "t"))
+    rng = np.random.default_rng(0)
+    prompts, pmask = left_padded_batch(rng, [5, 3], smc.vocab_size)
+    G, T = 2, 4
+    tokens = rng.integers(3, smc.vocab_size, size=(4, T)).astype(np.int32)
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]], np.int32)
+    b = {"prompt_tokens": prompts, "prompt_mask": pmask, "tokens": tokens, "mask": mask}
+    o = rl.Objective(group_size=G, estimator="none", distill="gkd", distill_beta=beta, distill_chunk=16)
+    _, _, div = gkd_divergence(smc, tmc, o, sp, tp, b, 0.8)
+    ours = np.asarray(div)[mask > 0].mean()
+    # transformers: each row as [prompt (real tokens); completion (real tokens)], logits predicting each
+    # completion token (the position before it).
+    s_rows, t_rows, labels = [], [], []
+    for n in range(4):
+        p = prompts[n // G][pmask[n // G] > 0]
+        c = tokens[n][mask[n] > 0]
+        ids = torch.tensor(np.concatenate([p, c])[None].astype(np.int64))
+        with torch.no_grad():
+            s_rows.append(hs(ids).logits[0, len(p) - 1:len(p) - 1 + len(c)])
+            t_rows.append(ht(ids).logits[0, len(p) - 1:len(p) - 1 + len(c)])
+        labels.append(torch.tensor(c.astype(np.int64)))
+    want = gkd.GKDTrainer.generalized_jsd_loss(torch.cat(s_rows)[None], torch.cat(t_rows)[None],
+                                               labels=torch.cat(labels)[None], beta=beta, temperature=0.8).item()
+    np.testing.assert_allclose(ours, want, rtol=2e-4, atol=1e-6)

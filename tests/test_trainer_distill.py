@@ -136,3 +136,15 @@ def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, tmp_path
     want = gkd.GKDTrainer.generalized_jsd_loss(torch.cat(s_rows)[None], torch.cat(t_rows)[None],
                                                labels=torch.cat(labels)[None], beta=beta, temperature=0.8).item()
     np.testing.assert_allclose(ours, want, rtol=2e-4, atol=1e-6)
+
+
+def test_multiturn_teacher_reads_the_observations_as_context(tmp_path):
+    """Episodes with an environment: the student as its own teacher gives a zero reverse KL only if the
+    teacher attends through the observations (attention_mask) exactly as the sampler did, while the
+    distilled tokens are the model's alone (mask)."""
+    from test_trainer_multiturn import mt_config
+    c = mt_config("opd", total_steps=1)
+    c.teacher.path = save_teacher(tmp_path / "teacher", c)
+    (m,) = Trainer(c, str(tmp_path / "work")).run()
+    assert m["env/turns/mean"] > 1  # observations were inserted between model turns
+    assert abs(m["distill/reverse_kl"]) < 1e-4 and abs(m["policy/loss"]) < 1e-5

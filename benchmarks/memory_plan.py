@@ -8,6 +8,7 @@
     python benchmarks/memory_plan.py --attention xla          # the dense attention path instead of auto's choice
     python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
     python benchmarks/memory_plan.py --model qwen2.5-32b --meshes 1x8x1 --lora-rank 16   # LoRA: adapters train
+    python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo opd   # distillation
 
 How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
 starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is
@@ -16,7 +17,10 @@ allocated), and lowers and compiles the trainer's REAL jitted functions on it: t
 `trainer.step_functions`. XLA's `memory_analysis()` of each compiled program gives the per-device bytes
 of its arguments, outputs and temporaries after SPMD partitioning. With --lora-rank the state holds the
 adapters and their optimizer state, the frozen base is held beside it ("params" counts both) and is
-the reference itself ("reference" is 0), as in the trainer (docs/lora.md). Parameters, optimizer states and the
+the reference itself ("reference" is 0), as in the trainer (docs/lora.md). With --teacher the frozen
+teacher (in the parameter dtype, sharded like the policy) is held beside the state ("teacher"), its
+forward is in the score program (opd) and, with --algo gkd, in the update too
+(docs/algorithms/distillation.md). Parameters, optimizer states and the
 reference are summed from their shardings (exact). The decode cache (L, N, T, Hkv, hd) for keys and
 values is shown apart, from the layout the sampler's program gives it (rows like the batch over
 data x fsdp, KV heads over tensor when it divides them; checked by tests/test_scaling.py); it is part
@@ -94,6 +98,7 @@ def parse_args(argv=None):
                    help="mean completion length the packed plan assumes; 0 = new_tokens / 4")
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="LoRA adapters of this rank; 0 = full")
     p.add_argument("--lora-targets", dest="lora_targets", default="q,k,v,o,gate,up,down", help="LoRA targets")
+    p.add_argument("--teacher", choices=list(MODELS), default="", help="a distillation teacher's shapes (teacher.path)")
     p.add_argument("--toy", action="store_true", help="a tiny model and small batch on meshes of 4 devices")
     p.add_argument("--out", default="", help="markdown file whose memory-plan block is replaced")
     p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
@@ -135,12 +140,17 @@ def run_config(args, grad_accum: int):
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
     c.train.pack_length = args.pack_length
     c.lora.rank, c.lora.targets = args.lora_rank, args.lora_targets
+    c.teacher.path = "memory-plan-teacher" if args.teacher else ""  # shapes from MODELS[args.teacher]
     return prepare(c)
 
 
-def model_config(args):
+def model_config(args, teacher: bool = False):
     from jaxrl_llm.models.config import config_from_hf_dict
     lora = {"lora_rank": args.lora_rank, "lora_targets": tuple(args.lora_targets.split(","))} if args.lora_rank else {}
+    if teacher:
+        return config_from_hf_dict(MODELS[args.teacher], source="memory_plan", param_dtype=args.param_dtype,
+                                   dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk,
+                                   attention=args.attention)
     return config_from_hf_dict(MODELS[args.model], source="memory_plan", param_dtype=args.param_dtype,
                                dtype=args.compute_dtype, remat=args.remat, logits_chunk=args.logits_chunk,
                                attention=args.attention, **lora)
@@ -179,7 +189,7 @@ def abstract_packs(c, mesh, mean_new_tokens: int):
     return plan(chunks), plan(accum)
 
 
-def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
+def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> dict:
     """Per-device bytes of every part of the run on one mesh."""
     import jax
     import jax.numpy as jnp
@@ -232,7 +242,11 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
     ref = (params if base is None else base) if uses_ref and not refresh else None
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, state)
     leaves, treedef = jax.tree_util.tree_flatten(shardings)
-    fns = step_functions(objective, UpdatePlan.from_config(c), mc, mesh, treedef, tuple(leaves))
+    fns = step_functions(objective, UpdatePlan.from_config(c), mc, mesh, treedef, tuple(leaves), tmc)
+    teacher = None
+    if tmc is not None:  # frozen beside the state, sharded by the same rules (trainer/teacher.py)
+        t_abs = jax.eval_shape(lambda: init_params(tmc, jax.random.PRNGKey(0)))
+        teacher = abstract(t_abs, sharding.logical_to_sharding(param_logical_axes(tmc), t_abs, mesh, name="teacher"))
 
     # ---- the rollout batch as Rollouts.device_batch builds it
     rows, vec = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
@@ -245,21 +259,21 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
     out = {"params": per_chip(params) + per_chip(base), "opt": per_chip(opt),
            "ref": per_chip(state.ref_params or ref) if base is None else 0,  # LoRA: the base is the reference
            "trainable": sum(x.size for x in jax.tree_util.tree_leaves(params)),
-           "value": per_chip(value) + per_chip(value_opt)}
+           "value": per_chip(value) + per_chip(value_opt), "teacher": per_chip(teacher)}
     with sharding.use_mesh(mesh):
         gen = generate_program.lower(mc, lora.join(base, params), batch["prompt_tokens"], batch["prompt_mask"],
                                      jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
                                      scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
                                      nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
         score_pack, update_pack = abstract_packs(c, mesh, mean_new_tokens)
-        score = fns.score.lower(state, ref, batch, score_pack, base).compile()
-        scored = jax.eval_shape(fns.score, state, ref, batch, score_pack, base)
+        score = fns.score.lower(state, ref, batch, score_pack, base, teacher).compile()
+        scored = jax.eval_shape(fns.score, state, ref, batch, score_pack, base, teacher)
         full = dict(batch, **{k: sds(v.shape, v.dtype) for k, v in scored.items()})
         full.setdefault("old_logp", full["behavior_logp"])
         fields, _ = jax.eval_shape(fns.prepare, full, state.kl.value)
         full.update({k: None if v is None else sds(v.shape, v.dtype) for k, v in fields.items()})
         pidx = jax.ShapeDtypeStruct((B // c.train.minibatches,), jnp.int32, sharding=rep)
-        update = fns.update.lower(state, full, pidx, update_pack, base).compile()
+        update = fns.update.lower(state, full, pidx, update_pack, base, teacher).compile()
 
     mem = {name: prog.memory_analysis() for name, prog in (("sample", gen), ("score", score), ("update", update))}
     out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh)
@@ -267,7 +281,7 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0) -> dict:
     for name, m in mem.items():
         out[f"{name}_temp"] = int(m.temp_size_in_bytes)
         out[f"{name}_out"] = int(m.output_size_in_bytes - m.alias_size_in_bytes)
-    resident = out["params"] + out["opt"] + out["ref"] + out["value"]
+    resident = out["params"] + out["opt"] + out["ref"] + out["value"] + out["teacher"]
     out["peak"] = resident + max(out["sample_temp"] + out["sample_out"],
                                  out["batch"] + out["score_temp"] + out["score_out"],
                                  out["batch"] + out["update_temp"] + out["update_out"])
@@ -287,12 +301,13 @@ def kv_cache_bytes(mc, N: int, T: int, mesh) -> int:
 
 def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
     """Headers and rows of the plan: sizes in `unit` bytes per chip, and whether the peak fits each chip."""
-    headers = ["mesh (data x fsdp x tensor)", "grad accum", "params", "optimizer", "reference", "value + opt", "KV cache",
+    headers = ["mesh (data x fsdp x tensor)", "grad accum", "params", "optimizer", "reference", "value + opt", "teacher",
+               "KV cache",
                "sample temp", "score temp", "update temp", "peak / chip", *[f"fits {k} ({v // GIB} GiB)" for k, v in CHIPS.items()]]
     rows = []
     for mesh, r in results:
         g = lambda k: round(r[k] / unit, 2)
-        rows.append(["x".join(map(str, mesh)), r["grad_accum"], g("params"), g("opt"), g("ref"), g("value"), g("kv_cache"),
+        rows.append(["x".join(map(str, mesh)), r["grad_accum"], g("params"), g("opt"), g("ref"), g("value"), g("teacher"), g("kv_cache"),
                      g("sample_temp"), g("score_temp"), g("update_temp"), g("peak"),
                      *["yes" if r["peak"] <= 0.9 * cap else "no" for cap in CHIPS.values()]])
     return headers, rows
@@ -319,13 +334,15 @@ def main(argv=None):
               file=sys.stderr, flush=True)
         c = run_config(args, grad_accum_for(args, mesh))
         results.append((mesh, {"grad_accum": c.train.grad_accum,
-                               **plan_one(c, mc, mesh, devices, args.mean_new_tokens)}))
+                               **plan_one(c, mc, mesh, devices, args.mean_new_tokens,
+                                          model_config(args, teacher=True) if args.teacher else None)}))
     headers, rows = table(results, unit=2 ** 20 if args.model == "toy" else GIB)
     name = "toy model" if args.model == "toy" else args.model.replace("qwen", "Qwen").replace("b", "B")
     title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
              f"G={c.rollout.group_size}, P={c.data.max_prompt_length} + T={c.rollout.max_new_tokens} tokens, "
              f"params/optimizer {mc.param_dtype}, compute {mc.dtype}, remat={mc.remat}, attention={mc.attention}, "
              f"{'LoRA r=%d on %s, ' % (mc.lora_rank, args.lora_targets) if mc.lora_rank else ''}"
+             f"{'teacher %s (%s), ' % (args.teacher, c.distill.kind) if args.teacher else ''}"
              f"{results[0][1]['trainable']:,} trainable parameters; "
              + (f"packed in rows of {c.train.pack_length} (mean completion {args.mean_new_tokens or c.rollout.max_new_tokens // 4}); "
                 if c.train.pack_length else "unpacked; ") +

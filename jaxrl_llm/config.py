@@ -33,7 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
     Longer than a function should be, on purpose: it is a declaration, one line per field with its
     comment, and the whole schema reads in one place."""
     c = ml_collections.ConfigDict()
-    c.algo = "grpo"  # preset: ppo | grpo | dr_grpo | dapo | gspo | gspo_token | sapo | cispo | rloo | reinforce_pp
+    c.algo = "grpo"  # preset: ppo | grpo | dr_grpo | dapo | gspo | gspo_token | sapo | cispo | rloo | reinforce_pp | opd | gkd
     c.seed = 0  # one seed for init, data order and sampling: same seed + config = same run
     c.total_steps = 100  # RL iterations (one rollout batch + its updates each)
     c.force_new = False  # start afresh in a workdir that holds a run with another config (old files kept aside)
@@ -107,7 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.stop_strings = ()
 
     c.advantage = ml_collections.ConfigDict()
-    c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp
+    c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp | none (distillation alone)
     c.advantage.scale = placeholder(str)  # group estimator: group | batch | none (Dr. GRPO)
     c.advantage.eps = 1e-6  # added to the std of group advantages
     c.advantage.whiten = placeholder(bool)  # whiten GAE advantages over the batch's valid tokens
@@ -156,6 +156,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.value.learning_rate = 1e-5  # value model AdamW learning rate
     c.value.clip = 0.2  # value clipping range around the old values; 0 = off
     c.value.pretrain_steps = 0  # VAPO: first steps train only the value model (on the returns), policy frozen
+
+    # On-policy distillation (docs/algorithms/distillation.md): on when teacher.path is set.
+    c.teacher = ml_collections.ConfigDict()
+    c.teacher.path = ""  # the teacher: local HF directory or hub name (same tokenizer as the policy); "" = none
+    c.teacher.dtype = ""  # the teacher's parameter dtype; "" = model.dtype (frozen, never checkpointed)
+    c.distill = ml_collections.ConfigDict()
+    c.distill.kind = placeholder(str)  # opd (reverse KL of sampled tokens as advantage) | gkd (generalized JSD over the vocabulary, in the loss)
+    c.distill.coef = 1.0  # weight of the distillation advantage (opd) or loss term (gkd) next to the rewards' advantage
+    c.distill.beta = 0.5  # gkd: 0 = forward KL(teacher||student), 1 = reverse KL(student||teacher)
+    c.distill.gamma = 0.0  # opd: discount of the per-token rewards (0 = each token's own)
+    c.distill.vocab_chunk = 4096  # gkd: vocabulary columns per chunk ((rows, T, chunk) is the largest block)
 
     c.ref = ml_collections.ConfigDict()
     c.ref.refresh_every = 0  # > 0: every K steps, ref <- mix_alpha*policy + (1 - mix_alpha)*ref

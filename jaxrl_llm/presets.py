@@ -12,7 +12,7 @@ _COMMON = {
     "kl.coef": 0.0, "kl.estimator": "k3", "kl.placement": "loss", "kl.adaptive": False,
     "entropy_coef": 0.0, "dapo.dynamic_sampling": False, "dapo.overlong_buffer": 0,
     "dapo.mask_truncated": False, "value.enabled": False, "rollout.recompute_logprobs": False,
-    "correction.mode": "none",
+    "correction.mode": "none", "distill.kind": "opd",
 }
 
 # With rollout.max_staleness >= 1, on top of the preset (an explicit setting still wins): the proximal
@@ -41,6 +41,10 @@ PRESETS = {
     "rloo": {"advantage.estimator": "rloo", "loss.aggregate": "token-mean"},
     "reinforce_pp": {"advantage.estimator": "reinforce_pp", "loss.aggregate": "token-mean", "kl.coef": 0.01,
                      "kl.estimator": "k1", "kl.placement": "reward"},
+    # On-policy distillation alone (teacher.path required): no advantage from the rewards, the teacher's
+    # per-token signal only, averaged over tokens as TRL's GKD does; docs/algorithms/distillation.md.
+    "opd": {"advantage.estimator": "none", "loss.aggregate": "token-mean"},
+    "gkd": {"advantage.estimator": "none", "loss.aggregate": "token-mean", "distill.kind": "gkd"},
 }
 ALGOS = tuple(PRESETS)
 

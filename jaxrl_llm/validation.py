@@ -137,6 +137,7 @@ def _validate_objective(c) -> None:
     _validate_loss(c)
     _validate_kl(c)
     _validate_off_policy(c)
+    _validate_distill(c)
     _check(c, "entropy_coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
     _check(c, "dapo.max_sample_rounds", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "dapo.overlong_buffer", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
@@ -146,6 +147,21 @@ def _validate_objective(c) -> None:
     names = [spec.split(":")[-1] for spec, _ in reward_specs(c)]
     _check(c, "dapo.filter_on", lambda v: v in ("", "total", *names),
            "'' (the rewards but length shaping), 'total' or one of the reward functions " + ", ".join(names))
+
+
+def _validate_distill(c) -> None:
+    _check_choice(c, "distill.kind", rl.DISTILL_KINDS)
+    _check(c, "teacher.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
+    _check(c, "distill.coef", lambda v: _is_num(v) and v >= 0, "a number >= 0")
+    _check(c, "distill.beta", lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1] (0 forward KL, 1 reverse KL)")
+    _check(c, "distill.gamma", lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")
+    _check(c, "distill.vocab_chunk", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    if (c.algo in ("opd", "gkd") or c.advantage.estimator == "none") and not c.teacher.path:
+        _fail("teacher.path", f"a teacher model (HF directory or hub name) with algo={c.algo} (advantage.estimator="
+              f"{c.advantage.estimator})", c.teacher.path)
+    if c.teacher.path and c.distill.kind == "gkd" and c.train.pack_length:
+        _fail("train.pack_length", "0 with distill.kind='gkd' (the full-vocabulary divergence reads unpacked rows)",
+              c.train.pack_length)
 
 
 def _validate_advantage(c) -> None:

@@ -17,6 +17,8 @@ def prepared(algo, **fields):
     c.algo = algo
     c.data.task = "digit_puzzles"
     c.reward.functions = "digit_puzzles"
+    if algo in ("opd", "gkd"):  # distillation needs a teacher (not loaded here)
+        c.teacher.path = "teacher_dir"
     return config_lib.prepare(config_lib.from_dict(fields, c))
 
 
@@ -166,5 +168,5 @@ def test_kl_controller_from_the_objective():
 
 
 def test_estimator_registry_lives_in_rl():
-    assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp"}
+    assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp", "none"}
     assert objective_lib.ESTIMATORS is rl.ESTIMATORS

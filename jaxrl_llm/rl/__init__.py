@@ -16,6 +16,7 @@ from jaxrl_llm.rl.advantages import (
     whiten,
 )
 from jaxrl_llm.rl.correction import CORRECTION_MODES, MASK_MODES, correction_bounds, rollout_correction
+from jaxrl_llm.rl.distill import DISTILL_KINDS, generalized_jsd, opd_advantages
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.losses import (
     AGGREGATE_MODES,
@@ -36,6 +37,7 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATE_MODES",
     "CORRECTION_MODES",
+    "DISTILL_KINDS",
     "MASK_MODES",
     "ESTIMATORS",
     "KL_KINDS",
@@ -53,9 +55,11 @@ __all__ = [
     "aggregate_sum",
     "correction_bounds",
     "gae",
+    "generalized_jsd",
     "group_advantages",
     "group_process_advantages",
     "kl_penalty",
+    "opd_advantages",
     "policy_loss",
     "register_estimator",
     "reinforce_pp_advantages",

@@ -34,6 +34,7 @@ from jax import lax
 from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_advantages, group_process_advantages,
                                      reinforce_pp_advantages, rloo_advantages, token_rewards, whiten)
 from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
+from jaxrl_llm.rl.distill import DISTILL_KINDS, distill_stats, opd_advantages
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, LOG_RATIO_CLAMP, RATIOS, SURROGATES, aggregate,
                                  aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
@@ -112,6 +113,12 @@ def _reinforce_pp(o: Objective, b, penalty):
                                    loss_mask=b["loss_mask"]), None
 
 
+@register_estimator("none")
+def _none(o: Objective, b, penalty):
+    """No advantage from the scores: the distillation term alone (presets opd, gkd)."""
+    return jnp.zeros(b["scores"].shape, jnp.float32), None
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
     """Every option that decides the math of a step (defaults: GRPO without KL); see docs/algorithms/."""
@@ -157,6 +164,12 @@ class Objective:
     # ---- value model
     value: bool = False
     value_clip: float | None = None
+    # ---- on-policy distillation from a teacher (rl/distill.py)
+    distill: str = ""  # "" (no teacher) or a key of DISTILL_KINDS
+    distill_coef: float = 1.0  # weight of the distillation advantage (opd) or loss term (gkd)
+    distill_beta: float = 0.5  # gkd: 0 forward KL, 1 reverse KL
+    distill_gamma: float = 0.0  # opd: discount of the per-token rewards (0: each token's own)
+    distill_chunk: int = 4096  # gkd: vocabulary columns per chunk
 
     def __post_init__(self):
         for field, value, allowed in (("estimator", self.estimator, ESTIMATORS), ("scale", self.scale, ADVANTAGE_SCALES),
@@ -164,7 +177,8 @@ class Objective:
                                       ("aggregate", self.aggregate, AGGREGATE_MODES),
                                       ("kl_estimator", self.kl_estimator, KL_KINDS),
                                       ("kl_placement", self.kl_placement, KL_PLACEMENTS),
-                                      ("correction_mode", self.correction_mode, CORRECTION_MODES)):
+                                      ("correction_mode", self.correction_mode, CORRECTION_MODES),
+                                      ("distill", self.distill, ("", *DISTILL_KINDS))):
             if value not in allowed:
                 raise ValueError(f"Objective.{field} must be one of {', '.join(allowed)}, got {value!r}")
         if ESTIMATORS[self.estimator].value and not self.value:
@@ -185,12 +199,19 @@ class Objective:
             kl_placement=kl.placement, kl_adaptive=kl.adaptive, kl_target=kl.target, kl_horizon=kl.horizon,
             kl_importance_weighted=kl.importance_weighted, entropy_coef=c.entropy_coef,
             correction_mode=c.correction.mode, correction_cap=c.correction.cap or None,
-            correction_lower=c.correction.lower or None, value=c.value.enabled, value_clip=c.value.clip or None)
+            correction_lower=c.correction.lower or None, value=c.value.enabled, value_clip=c.value.clip or None,
+            distill=c.distill.kind if c.teacher.path else "", distill_coef=c.distill.coef, distill_beta=c.distill.beta,
+            distill_gamma=c.distill.gamma, distill_chunk=c.distill.vocab_chunk)
 
     @property
     def uses_ref(self) -> bool:
         """Whether a reference model (and its log-probs) is needed."""
         return self.kl_coef > 0
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Whether a teacher model (its log-probs, with gkd its full distributions) is needed."""
+        return bool(self.distill)
 
     def kl_controller(self):
         """The initial KL coefficient state (a pytree kept in the train state)."""
@@ -236,6 +257,11 @@ class Objective:
                 if not estimator.token_rewards:
                     b, penalty = {**b, "scores": b["scores"] - jnp.sum(penalty, axis=1)}, None
         adv, returns = estimator.fn(self, b, penalty)
+        if self.uses_teacher:  # the teacher's log-probs of the proximal policy's tokens
+            stats.update(distill_stats(b["old_logp"], b["teacher_logp"], mask))
+        if self.distill == "opd":  # the estimator's advantage (per row or token) plus the dense one
+            d = opd_advantages(b["old_logp"], b["teacher_logp"], mask, self.distill_gamma)
+            adv = (adv[:, None] if adv.ndim == 1 else adv) + self.distill_coef * d
         return adv, returns, stats
 
     def denominators(self, mb):
@@ -254,14 +280,15 @@ class Objective:
         """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
         return mb["loss_mask"] * (mb["scores"] >= self.nll_threshold)[:, None]
 
-    def policy_loss(self, logp, entropy, mb, kl_coef, den):
+    def policy_loss(self, logp, entropy, mb, kl_coef, den, divergence=None):
         """Surrogate [+ β·KL in the loss] [− c_H·entropy] [+ NLL] of one micro-batch, over the step's
         normalisers.
 
         logp, entropy: (n,T) of the policy being trained; mb: the micro-batch (old_logp, adv, loss_mask,
         is_weights, scores, ref_logp when the KL is in the loss). Returns (loss, metrics): sums are
         weighted by the micro-batch's loss tokens (`ntok`) so that micro-batches combine by addition;
-        ratio extremes apart.
+        ratio extremes apart. divergence: (n,T) gkd's per-token generalized JSD to the teacher (its
+        gradient reaches the student), added as distill_coef·aggregate(divergence).
         """
         m = mb["loss_mask"]
         pl, pm = policy_loss(
@@ -277,12 +304,16 @@ class Objective:
                 ratio = jnp.exp(jnp.clip(logp - mb["old_logp"], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
                 kl = kl * lax.stop_gradient(ratio)
             loss = loss + kl_coef * aggregate_sum(kl, m, self.aggregate) / den["policy"]
+        if divergence is not None:
+            loss = loss + self.distill_coef * aggregate_sum(divergence, m, self.aggregate) / den["policy"]
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate_sum(entropy, m, self.aggregate) / den["policy"]
         ntok = jnp.sum(m)
         metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(m > 0, entropy, 0.0)), "ntok": ntok,
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
                    "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
+        if divergence is not None:
+            metrics["distill/jsd_sum"] = jnp.sum(jnp.where(m > 0, divergence, 0.0))
         if self.nll_coef > 0:
             nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / den["nll"]
             loss = loss + self.nll_coef * nll

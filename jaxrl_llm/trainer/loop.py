@@ -43,7 +43,7 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, reward_check, setup
+from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, reward_check, setup, teacher
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trainer.packs import Packer
@@ -115,7 +115,7 @@ class Trainer:
         self.writer = metrics_lib.MetricsWriter(workdir, enabled=dist.is_main(), tensorboard=c.log.tensorboard,
                                                 resume_step=self.start_step, wandb=wandb)
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
-        self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves))
+        self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves), self.teacher_mc)
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
                              self.mesh) if c.train.pack_length > 0 else None
 
@@ -144,6 +144,10 @@ class Trainer:
         self.frozen_ref = None if not self.uses_ref or refresh else (
             self.base if self.base is not None else copy(params))
         self.value_shardings = value[1] if value else None
+        # Distillation: the teacher, frozen outside the state like the LoRA base (trainer/teacher.py).
+        self.teacher_mc, self.teacher, self.teacher_id = (teacher.load_teacher(
+            c, self.tokenizer, self.mc, self.mesh, setup.resolve_model_path) if self.objective.uses_teacher else
+            (None, None, None))
         self.state, self.state_shardings = setup.init_train_state(
             self.objective, self.plan, params, self.param_shardings, value, self.mesh, state_rng, refresh)
 
@@ -164,6 +168,7 @@ class Trainer:
             return 0
         start, self.state, meta = restored
         adapters.check_base(meta, self.base_id, str(self.workdir))
+        teacher.check_teacher(meta, self.teacher_id, str(self.workdir))
         if start > self.c.total_steps:  # else the run would do nothing and exit 0
             raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
                              f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
@@ -209,7 +214,7 @@ class Trainer:
         update = fns.update_value if pretraining else fns.update
         with sharding.use_mesh(self.mesh):
             pack = self.packer.score(b) if self.packer else None
-            b.update(fns.score(state, ref, b, pack, self.base))
+            b.update(fns.score(state, ref, b, pack, self.base, self.teacher))
             b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed
             fields, kl_stats = fns.prepare(b, state.kl.value)
             b.update(fields)
@@ -218,7 +223,8 @@ class Trainer:
                 perm = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), B)
                 for m in range(c.train.minibatches):
                     pidx = perm[m * per_mb:(m + 1) * per_mb]
-                    state, mm = update(state, b, pidx, self.packer.update(pidx) if self.packer else None, self.base)
+                    state, mm = update(state, b, pidx, self.packer.update(pidx) if self.packer else None, self.base,
+                                       self.teacher)
                     faults.point("update")  # the update is running on the donated state
                     step_metrics.append(mm)
             if state.ref_params is not None and (int(state.step) + 1) % c.ref.refresh_every == 0:
@@ -255,6 +261,8 @@ class Trainer:
         meta = {"data": self.data.state(), "step": int(state.step)}
         if self.base_id is not None:
             meta[adapters.BASE_KEY] = self.base_id
+        if self.teacher_id is not None:
+            meta[teacher.TEACHER_KEY] = self.teacher_id
         self.ckpt.save(int(state.step), state, {**meta, "inflight": inflight} if inflight else meta, force=force)
         self.writer.flush()  # metrics up to a checkpoint are durable, also where files cannot be appended to
         faults.point("checkpoint", int(state.step))  # Orbax's asynchronous write is in flight

@@ -1,10 +1,10 @@
 """The jitted functions of one RL step, built once per (objective, plan, model, mesh, state layout).
 
-  score(state, ref_params, batch[, pack, base]) -> reference log-probs, old values [and V(s_T)],
-                                      recomputed proximal log-probs, each (N,T)
+  score(state, ref_params, batch[, pack, base, teacher]) -> reference log-probs, old values [and V(s_T)],
+                                      recomputed proximal log-probs, the teacher's log-probs, each (N,T)
   prepare(batch, kl_coef)          -> rollout correction and advantages: new batch fields, statistics
                                       (`Objective.prepare`)
-  update(state, batch, prompts[, pack, base]) -> state after one optimizer step on those prompts' rows, metrics
+  update(state, batch, prompts[, pack, base, teacher]) -> state after one optimizer step on those prompts' rows, metrics
   update_value(state, batch, prompts[, pack]) -> the same step for the value model alone (VAPO's pretraining)
   refresh_ref(ref, policy)         -> the mixed reference
 
@@ -12,7 +12,8 @@ The math is the `Objective`'s; this module adds the model forwards, the micro-ba
 and the NaN guard. `pack` (train.pack_length > 0) is the packing plans of the score chunks or of the
 update's micro-batches (trainer/packs.py): the forwards then run on packed rows (models/packing.py).
 With LoRA, `base` is the frozen base the trained `state.params` (the adapters) are joined to
-(models/lora.py), and `ref_params` is that base itself.
+(models/lora.py), and `ref_params` is that base itself. `teacher` is the distillation teacher's frozen
+parameters (trainer/teacher.py; its ModelConfig `tmc` is the builders'), None without one.
 Batch shapes: B prompts, G rows each (N = B*G), P prompt tokens, T completion tokens.
 """
 from __future__ import annotations
@@ -27,8 +28,9 @@ import optax
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
+from jaxrl_llm.models.transformer import lm_head_weight
 from jaxrl_llm.models.packing import completion_extent, packed_logprobs, packed_values
-from jaxrl_llm.rl import Objective
+from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
 
@@ -93,11 +95,28 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
     return values.at[:, -1].set(jnp.where(extent > 0, after_last, 0.0))  # no token: 0, as packed
 
 
-def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
-    def score_chunk(state, ref_params, b, pack, base):
+def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, policy, teacher, b, temperature,
+                   dropout_rng=None):
+    """(log-probs (n,T), entropies (n,T), generalized JSD (n,T)) of the student `policy` on the batch's
+    completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py)."""
+    hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
+                               dropout_rng)
+    logp, ent = logprobs_from_hidden(mc, policy, hidden, b["tokens"], temperature, with_entropy=True)
+    t_hidden = jax.lax.stop_gradient(completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"],
+                                                       b["tokens"], attended(b)))
+    div = generalized_jsd(hidden, lm_head_weight(mc, policy), t_hidden, lm_head_weight(tmc, teacher),
+                          beta=objective.distill_beta, temperature=temperature, chunk=objective.distill_chunk,
+                          dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
+    return logp, ent, div
+
+
+def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None):
+    def score_chunk(state, ref_params, b, pack, base, teacher):
         out, packing = {}, {"pack": pack, "pack_length": plan.pack_length}
         if objective.uses_ref:
             out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature, **packing)
+        if objective.uses_teacher:  # the teacher reads the student's token ids
+            out["teacher_logp"] = jnp.where(b["mask"] > 0, logp_of(tmc, teacher, b, plan.temperature, **packing), 0.0)
         if objective.value and objective.bootstrap_truncated:
             values = values_of(mc, state.value_params, b, last=True, **packing)
             out["old_values"] = jnp.where(b["mask"] > 0, values[:, :-1], 0.0)
@@ -109,17 +128,17 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
             out["old_logp"] = jnp.where(b["mask"] > 0, logp_of(mc, policy, b, plan.temperature, **packing), 0.0)
         return out
 
-    def score(state, ref_params, b, pack=None, base=None):
+    def score(state, ref_params, b, pack=None, base=None, teacher=None):
         """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
         prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk.
         `pack`: None, or the chunks' packing plans (leading axis k; trainer/packs.py)."""
         k, G = plan.score_chunks, plan.group_size
         if k == 1:
             return score_chunk(state, ref_params, b, None if pack is None else jax.tree_util.tree_map(lambda x: x[0], pack),
-                               base)
+                               base, teacher)
         n_prompts = b["prompt_tokens"].shape[0]
         chunks = jnp.arange(n_prompts).reshape(-1, k).T  # (k, B/k): chunk j = j, j+k, ...
-        outs = jax.lax.map(lambda xs: score_chunk(state, ref_params, minibatch(b, xs[0], G), xs[1], base),
+        outs = jax.lax.map(lambda xs: score_chunk(state, ref_params, minibatch(b, xs[0], G), xs[1], base, teacher),
                            (chunks, pack))
         # (k, B/k*G, ...) -> (B/k, k, G, ...) -> (N, ...): prompt i*k + j is row block (i, j).
         return {name: x.reshape(k, n_prompts // k, G, *x.shape[2:]).swapaxes(0, 1).reshape(n_prompts * G, *x.shape[2:])
@@ -127,18 +146,23 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig):
     return score
 
 
-def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_policy: bool = True):
+def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_policy: bool = True,
+                tmc: ModelConfig | None = None):
     """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
     and only the value model learns (VAPO's value pretraining)."""
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
-    def losses(params, vparams, kl_coef, mb, den, pack, base, dropout_rng):
+    def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
         """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        packing = {"pack": pack, "pack_length": plan.pack_length}
-        logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
-                            dropout_rng=dropout_rng, **packing)
-        loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den)
+        packing, div = {"pack": pack, "pack_length": plan.pack_length}, None
+        if objective.distill == "gkd":  # unpacked (validation refuses packing with gkd)
+            logp, ent, div = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
+                                            plan.temperature, dropout_rng)
+        else:
+            logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                                dropout_rng=dropout_rng, **packing)
+        loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den, divergence=div)
         seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
         aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
@@ -146,7 +170,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             loss, aux = loss + vl, {**aux, **vaux}
         return loss, aux
 
-    def gradients(state, b, pidx, pack, base):
+    def gradients(state, b, pidx, pack, base, teacher):
         """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
         (each normalized by the whole minibatch's denominator, so the sums are the minibatch's).
         `pack`: None, or the micro-batches' packing plans (leading axis grad_accum)."""
@@ -160,7 +184,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
             key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                         minibatch(b, p, plan.group_size), den, pk, base, key)
+                                         minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
             return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
 
@@ -174,13 +198,13 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
         return acc, extremes, jnp.sum(mb["loss_mask"]) == 0
 
-    def update(state, b, pidx, pack=None, base=None):
+    def update(state, b, pidx, pack=None, base=None, teacher=None):
         """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite
         (counted towards train.max_nonfinite_steps) or when the minibatch has no loss token (an empty
         update: DAPO kept no group, every row masked; it carries no gradient, and even a zero gradient
         would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), (rmin, rmax, diff), empty = gradients(state, b, pidx, pack, base)
+        (loss, grads, aux), (rmin, rmax, diff), empty = gradients(state, b, pidx, pack, base, teacher)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
@@ -218,15 +242,15 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
 
 @functools.lru_cache(maxsize=16)
 def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh, state_treedef,
-                   state_sharding_leaves) -> StepFunctions:
+                   state_sharding_leaves, tmc: ModelConfig | None = None) -> StepFunctions:
     """Cached on its (hashable) arguments, so a resumed or repeated run in the same process reuses the
     compiled programs."""
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
     alpha = plan.ref_mix_alpha
-    jit_update = lambda train_policy: jax.jit(make_update(objective, plan, mc, train_policy), donate_argnums=(0,),
+    jit_update = lambda train_policy: jax.jit(make_update(objective, plan, mc, train_policy, tmc), donate_argnums=(0,),
                                               out_shardings=(state_shardings, sharding.replicated(mesh)))
     return StepFunctions(
-        score=jax.jit(make_score(objective, plan, mc)), prepare=jax.jit(objective.prepare),
+        score=jax.jit(make_score(objective, plan, mc, tmc)), prepare=jax.jit(objective.prepare),
         update=jit_update(True), update_value=jit_update(False) if objective.value else None,
         refresh_ref=jax.jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
                             donate_argnums=(0,)))

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.moe import moe_mlp
 from jaxrl_llm.models.transformer import apply_rope, rms_norm
 
 
@@ -33,7 +34,11 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
          "q": flat(layer["q_proj"]["kernel"]), "k": flat(layer["k_proj"]["kernel"]),
          "v": flat(layer["v_proj"]["kernel"]),
          "o": layer["o_proj"]["kernel"].reshape(*lead, c.num_heads * c.head_dim, c.hidden_size),
-         "gate": layer["gate_proj"]["kernel"], "up": layer["up_proj"]["kernel"], "down": layer["down_proj"]["kernel"]}
+         }
+    if c.num_experts:
+        w["moe"] = dict(layer["moe"])  # router (..., D, E), gate, up (..., E, D, F), down (..., E, F, D)
+    else:
+        w.update(gate=layer["gate_proj"]["kernel"], up=layer["up_proj"]["kernel"], down=layer["down_proj"]["kernel"])
     if c.qkv_bias:
         w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"].reshape(*lead, -1) for k in "qkv"})
     if c.o_bias:
@@ -114,6 +119,9 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
 
     y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
+    if c.num_experts:
+        y, _, _ = moe_mlp(c, w["moe"], y)
+        return nn.with_logical_constraint(x + y, ("batch", "act_embed")), (ck, cv)
     gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
     mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
     x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))

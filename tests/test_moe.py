@@ -1,0 +1,164 @@
+"""Mixture-of-experts models (Qwen3-MoE, Mixtral) against transformers, and the dropless grouped experts
+against a float64 loop over experts."""
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fixtures_hf import hf_logits, left_padded_batch, rewrite_config
+from fixtures_moe import MOE_VARIANTS, make_moe_model
+from jaxrl_llm.models import forward, load_hf, save_hf
+from jaxrl_llm.models.config import ModelConfig, config_from_hf_dict
+from jaxrl_llm.models.moe import grouped_experts, moe_mlp, route
+
+LENGTHS = [23, 9, 1]
+
+
+@pytest.fixture(scope="module", params=sorted(MOE_VARIANTS))
+def moe_model(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp(request.param))
+    return request.param, path, make_moe_model(path, request.param)
+
+
+def _masked_max(a, b, mask):
+    return float(np.abs(np.asarray(a) - np.asarray(b))[np.asarray(mask).astype(bool)].max())
+
+
+def test_moe_logits_match_transformers_and_export_round_trips(moe_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+    variant, path, model = moe_model
+    config, params = load_hf(path)
+    assert config.num_experts == model.config.num_local_experts and config.num_experts_per_tok > 0
+    tokens, mask = left_padded_batch(np.random.default_rng(0), LENGTHS, config.vocab_size)
+    ours = forward(config, params, tokens, mask)
+    diff = _masked_max(ours, hf_logits(model, tokens, mask), mask)
+    print(f"{variant}: max |logit diff| vs transformers = {diff:.2e}")
+    assert diff <= 1e-4
+    out = str(tmp_path / "export")
+    save_hf(out, config, params)
+    back, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert _masked_max(hf_logits(back.eval(), tokens, mask), ours, mask) <= 1e-4
+    config2, params2 = load_hf(out)
+    assert config2 == config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, params2)
+
+
+def test_transformers_4x_config_and_5x_fused_experts_load_the_same(moe_model, tmp_path):
+    """4.x spells Qwen3-MoE's count num_experts and RoPE as rope_theta; a checkpoint may hold the
+    experts fused as transformers 5.x holds them in memory (gate_up_proj, down_proj)."""
+    import torch
+    from safetensors.torch import save_file
+    variant, path, model = moe_model
+    config, params = load_hf(path)
+    old = str(tmp_path / "old")
+    shutil.copytree(path, old)
+    with open(os.path.join(path, "config.json")) as f:
+        d = json.load(f)
+    count = {"num_experts": d["num_local_experts"]} if d["model_type"] == "qwen3_moe" else {}
+    rewrite_config(old, rope_parameters=None, rope_theta=d["rope_parameters"]["rope_theta"],
+                   num_local_experts=None if count else d["num_local_experts"], **count)
+    config_old, params_old = load_hf(old)
+    assert config_old == config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, params_old)
+    fused = str(tmp_path / "fused")
+    shutil.copytree(path, fused)
+    state = {k: v.clone().contiguous() for k, v in model.state_dict().items()  # 5.x in-memory (fused) names
+             if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+    assert any(k.endswith("experts.gate_up_proj") for k in state)
+    save_file(state, os.path.join(fused, "model.safetensors"), metadata={"format": "pt"})
+    _, params_fused = load_hf(fused)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, params_fused)
+
+
+def _dense_reference(x, router, gate, up, down, k, norm):
+    """float64 loop over experts: every expert on every token, weighted by the (renormalized) top-k gates."""
+    logits = x @ router
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    top = np.argsort(-p, axis=-1)[:, :k]
+    w = np.zeros_like(p)
+    np.put_along_axis(w, top, np.take_along_axis(p, top, -1), -1)
+    if norm:
+        w = w / w.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for e in range(gate.shape[0]):
+        g, u = x @ gate[e], x @ up[e]
+        out += w[:, e:e + 1] * (((g / (1 + np.exp(-g))) * u) @ down[e])
+    return out
+
+
+@pytest.mark.parametrize("k,norm", [(2, True), (8, False)])
+def test_grouped_experts_and_gradients_match_float64_loop(k, norm):
+    jax.config.update("jax_enable_x64", True)
+    try:
+        rng = np.random.default_rng(k)
+        m, d, e, f = 13, 6, 16, 5
+        x, router = rng.normal(size=(m, d)), rng.normal(size=(d, e))
+        gate, up, down = rng.normal(size=(e, d, f)) * 0.5, rng.normal(size=(e, d, f)) * 0.5, rng.normal(size=(e, f, d))
+        c = ModelConfig(num_experts=e, num_experts_per_tok=k, norm_topk_prob=norm, dtype="float64")
+        ours = lambda *a: moe_mlp(c, dict(zip(("router", "gate", "up", "down"), a[1:])), a[0])[0]
+        args = (x, router, gate, up, down)
+        np.testing.assert_allclose(ours(*args), _dense_reference(*args, k, norm), rtol=1e-10, atol=1e-10)
+        ct = rng.normal(size=(m, d))
+        g_ours = jax.jit(jax.grad(lambda *a: jnp.sum(ours(*a) * ct), argnums=range(5)))(*args)
+
+        def loop(*a):  # the same loop in jax (float64): top-k fixed by the values, so differentiable
+            xx, rr, gg, uu, dd = a
+            w, ex, _ = route(c, xx @ rr)
+            dense = jnp.zeros((m, e)).at[jnp.arange(m)[:, None], ex].set(w)
+            out = sum(dense[:, j:j + 1] * ((jax.nn.silu(xx @ gg[j]) * (xx @ uu[j])) @ dd[j]) for j in range(e))
+            return jnp.sum(out * ct)
+        g_ref = jax.jit(jax.grad(loop, argnums=range(5)))(*args)
+        for a, b in zip(g_ours, g_ref):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-10)
+        assert np.abs(g_ours[1]).max() > 0  # the router learns through the gate probabilities
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_grouped_experts_never_loop_over_experts():
+    """The jaxpr holds one ragged_dot per projection whatever E: no per-expert matmul."""
+    for e in (4, 32):
+        c = ModelConfig(num_experts=e, num_experts_per_tok=2, hidden_size=8, moe_intermediate_size=4)
+        w = {"router": jnp.ones((8, e)), "gate": jnp.ones((e, 8, 4)), "up": jnp.ones((e, 8, 4)),
+             "down": jnp.ones((e, 4, 8))}
+        eqns = jax.make_jaxpr(lambda x: moe_mlp(c, w, x)[0])(jnp.ones((5, 8))).jaxpr.eqns
+        names = [q.primitive.name for q in eqns]
+        assert names.count("ragged_dot_general") == 3 and names.count("dot_general") == 1  # + the router
+
+
+def test_replayed_routes_give_the_same_model_and_router_gradients(tmp_path):
+    from jaxrl_llm.models.transformer import Decoder
+    from jaxrl_llm.models.lm import positions_from_mask
+    make_moe_model(str(tmp_path), "qwen3_moe_top2")
+    config, params = load_hf(str(tmp_path))
+    tokens, mask = left_padded_batch(np.random.default_rng(4), LENGTHS, config.vocab_size)
+    run = jax.jit(lambda p, routes=None: Decoder(config, with_lm_head=False, return_routes=True).apply(
+        {"params": p}, tokens, positions_from_mask(mask), mask.astype(bool), routes=routes))
+    hidden, _, routes = run(params)
+    assert routes.shape == (config.num_layers, *tokens.shape, config.num_experts_per_tok)
+    hidden2, _, routes2 = run(params, routes)
+    np.testing.assert_array_equal(routes2, routes)
+    np.testing.assert_allclose(hidden2, hidden, atol=1e-6)
+    other = (routes + 1) % config.num_experts  # other experts: another model
+    assert np.abs(np.asarray(run(params, other)[0] - hidden)).max() > 1e-3
+    grad = jax.grad(lambda p: jnp.sum(run(p, routes)[0] ** 2))(params)
+    assert np.abs(np.asarray(grad["layers"]["moe"]["router"])).max() > 0
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(mlp_only_layers=[0]), "dense MLP layers [0]"),
+    (dict(decoder_sparse_step=2), "dense MLP layers [0]"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok=9"),
+])
+def test_unsupported_moe_configs_fail_in_one_line(change, message):
+    d = dict(model_type="qwen3_moe", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+             num_attention_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=4)
+    d.update(change)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        config_from_hf_dict(d)

@@ -162,3 +162,45 @@ def test_unsupported_moe_configs_fail_in_one_line(change, message):
     d.update(change)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         config_from_hf_dict(d)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_moe"))
+    make_moe_model(path, "qwen3_moe_top2")
+    return load_hf(path)
+
+
+def _trainer_pass(config, params, r, replay: bool):
+    """Teacher-forced log-probs (N,T) of the rollout's tokens [replaying the sampler's experts]."""
+    from jaxrl_llm.models.lm import completion_hidden, logprobs_from_hidden
+    hidden = completion_hidden(config, params, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask,
+                               prompt_routes=r.prompt_routes if replay else None,
+                               routes=r.routes if replay else None)
+    return logprobs_from_hidden(config, params, hidden, r.tokens)
+
+
+def test_static_sampler_records_the_experts_the_trainer_routes_to(tiny_moe):
+    """float32 sampler and trainer: the recorded routes are the trainer's own, so replaying them changes
+    nothing, and the sampler's log-probs equal the trainer's (the decode step's MoE is the Decoder's)."""
+    from jaxrl_llm.models.lm import positions_from_mask
+    from jaxrl_llm.models.transformer import Decoder
+    from jaxrl_llm.sampling import generate
+    config, params = tiny_moe
+    tokens, mask = left_padded_batch(np.random.default_rng(5), [7, 3], config.vocab_size)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(0), max_new_tokens=6, eos_ids=[2], pad_id=0)
+    assert r.routes.shape == (config.num_layers, 2, 6, 2) and r.prompt_routes.shape == (config.num_layers, 2, 7, 2)
+    full = np.concatenate([r.prompt_tokens, r.tokens], 1)
+    full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
+    _, _, trainer_routes = Decoder(config, with_lm_head=False, return_routes=True).apply(
+        {"params": params}, full, positions_from_mask(full_mask), full_mask.astype(bool))
+    valid = full_mask.astype(bool)
+    valid[:, -1] = False  # the last drawn token is never fed to the sampler's model
+    recorded = np.concatenate([r.prompt_routes, r.routes], 2)
+    same = np.all(np.sort(recorded, -1) == np.sort(np.asarray(trainer_routes), -1), axis=-1)  # (L,N,P+T)
+    assert same[:, valid].all()
+    plain = _trainer_pass(config, params, r, replay=False)
+    replayed = _trainer_pass(config, params, r, replay=True)
+    m = np.asarray(r.mask).astype(bool)
+    assert np.abs(np.asarray(replayed) - np.asarray(r.logprobs))[m].max() <= 1e-4
+    assert np.abs(np.asarray(replayed) - np.asarray(plain))[m].max() <= 1e-5

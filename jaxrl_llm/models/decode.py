@@ -88,13 +88,15 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     return out / total[..., None]
 
 
-def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
+def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None,
+                 return_routes: bool = False):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
     or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
     or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
-    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
+    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache)
+    [, the experts (N,k) this token was routed to: MoE with return_routes].
     """
     c = config
     dt = jnp.dtype(c.dtype)
@@ -120,8 +122,9 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
 
     y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
     if c.num_experts:
-        y, _, _ = moe_mlp(c, w["moe"], y)
-        return nn.with_logical_constraint(x + y, ("batch", "act_embed")), (ck, cv)
+        y, experts, _ = moe_mlp(c, w["moe"], y)
+        x = nn.with_logical_constraint(x + y, ("batch", "act_embed"))
+        return (x, (ck, cv), experts) if return_routes else (x, (ck, cv))
     gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
     mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
     x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))

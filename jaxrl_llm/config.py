@@ -183,6 +183,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = 1  # data-parallel axis; -1 takes the remaining devices
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
     c.mesh.tensor = 1  # tensor-parallel axis
+    c.mesh.expert = 1  # expert-parallel axis: shards the experts of mixture-of-experts models
     c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (one process); docs/algorithms/async.md
 
     c.checkpoint = ml_collections.ConfigDict()

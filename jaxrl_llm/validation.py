@@ -268,7 +268,7 @@ def _validate_lora(c) -> None:
 
 
 def _validate_io(c) -> None:
-    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor"):
+    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"):
         _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
     _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "checkpoint.max_to_keep", lambda v: _is_int(v) and v >= 1, "an int >= 1")

@@ -204,3 +204,23 @@ def test_static_sampler_records_the_experts_the_trainer_routes_to(tiny_moe):
     m = np.asarray(r.mask).astype(bool)
     assert np.abs(np.asarray(replayed) - np.asarray(r.logprobs))[m].max() <= 1e-4
     assert np.abs(np.asarray(replayed) - np.asarray(plain))[m].max() <= 1e-5
+
+
+def test_lora_on_attention_of_moe_and_expert_adapters_refused(tiny_moe):
+    from jaxrl_llm.models import lora
+    from jaxrl_llm.models.lm import init_params
+    config, params = tiny_moe
+    with pytest.raises(ValueError, match="lora.targets gate,up: adapters on the experts"):
+        config.replace(lora_rank=4, lora_targets=("q", "gate", "up"))
+    lc = config.replace(lora_rank=4, lora_targets=("q", "v"))
+    _, adapters = lora.split(init_params(lc, jax.random.PRNGKey(0)))
+    assert set(adapters["layers"]) == {"q_proj", "v_proj"}
+    tokens, mask = left_padded_batch(np.random.default_rng(6), [5, 3], config.vocab_size)
+    fwd = jax.jit(forward, static_argnums=0)
+    # B = 0 at init: the adapted model is the base; a nonzero B changes it (the adapters are applied).
+    merged = {**params, "layers": {**params["layers"], **{k: {**params["layers"][k], **v}
+                                                           for k, v in adapters["layers"].items()}}}
+    np.testing.assert_allclose(fwd(lc, merged, tokens, mask), fwd(config, params, tokens, mask), atol=1e-6)
+    bumped = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.1 if "lora_b" in jax.tree_util.keystr(p) else x, merged)
+    assert np.abs(np.asarray(fwd(lc, bumped, tokens, mask) - fwd(lc, merged, tokens, mask))).max() > 1e-4

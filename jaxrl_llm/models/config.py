@@ -77,6 +77,12 @@ class ModelConfig:
     lora_targets: tuple[str, ...] = ()  # of q, k, v, o, gate, up, down
     lora_dropout: float = 0.0  # dropout on the adapters' input, in passes given a "dropout" rng only
 
+    def __post_init__(self):
+        mlp = sorted(set(self.lora_targets) & {"gate", "up", "down"})
+        if self.num_experts and self.lora_rank and mlp:
+            raise ValueError(f"lora.targets {','.join(mlp)}: adapters on the experts of a mixture-of-experts model are "
+                             "not supported; expected attention targets (q, k, v, o)")
+
     @property
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads

@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
+    c.model.routing_replay = True  # mixture-of-experts: the trainer's passes reuse the sampler's experts
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
     c.model.remat = "none"  # "none" | "full" | "dots": recompute layers in backward to save memory
     c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block

@@ -224,3 +224,21 @@ def test_lora_on_attention_of_moe_and_expert_adapters_refused(tiny_moe):
     bumped = jax.tree_util.tree_map_with_path(
         lambda p, x: x + 0.1 if "lora_b" in jax.tree_util.keystr(p) else x, merged)
     assert np.abs(np.asarray(fwd(lc, bumped, tokens, mask) - fwd(lc, merged, tokens, mask))).max() > 1e-4
+
+
+def test_trainer_logp_pass_replays_the_batch_routes(tiny_moe):
+    """steps.logp_of reads `routes` / `prompt_routes` (rows first) from the batch: other experts there give
+    other log-probs; the sampler's own give the sampler's log-probs."""
+    from jaxrl_llm.sampling import generate
+    from jaxrl_llm.trainer.steps import logp_of
+    config, params = tiny_moe
+    tokens, mask = left_padded_batch(np.random.default_rng(7), [6, 4], config.vocab_size)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(2), max_new_tokens=5, num_samples=2,
+                 eos_ids=[2], pad_id=0)
+    b = {"prompt_tokens": tokens, "prompt_mask": mask, "tokens": r.tokens, "mask": r.mask,
+         "routes": r.routes.transpose(1, 2, 0, 3), "prompt_routes": r.prompt_routes[:, ::2].transpose(1, 2, 0, 3)}
+    m = np.asarray(r.mask).astype(bool)
+    logp = jax.jit(lambda b: logp_of(config, params, b, 1.0))
+    assert np.abs(np.asarray(logp(b)) - np.asarray(r.logprobs))[m].max() <= 1e-4
+    shifted = {**b, "routes": (b["routes"] + 1) % config.num_experts}
+    assert np.abs(np.asarray(logp(shifted)) - np.asarray(r.logprobs))[m].max() > 1e-3

@@ -192,15 +192,15 @@ def test_static_sampler_records_the_experts_the_trainer_routes_to(tiny_moe):
     assert r.routes.shape == (config.num_layers, 2, 6, 2) and r.prompt_routes.shape == (config.num_layers, 2, 7, 2)
     full = np.concatenate([r.prompt_tokens, r.tokens], 1)
     full_mask = np.concatenate([r.prompt_mask, r.mask], 1)
-    _, _, trainer_routes = Decoder(config, with_lm_head=False, return_routes=True).apply(
-        {"params": params}, full, positions_from_mask(full_mask), full_mask.astype(bool))
+    _, _, trainer_routes = jax.jit(lambda f, m: Decoder(config, with_lm_head=False, return_routes=True).apply(
+        {"params": params}, f, positions_from_mask(m), m.astype(bool)))(full, full_mask)
     valid = full_mask.astype(bool)
     valid[:, -1] = False  # the last drawn token is never fed to the sampler's model
     recorded = np.concatenate([r.prompt_routes, r.routes], 2)
     same = np.all(np.sort(recorded, -1) == np.sort(np.asarray(trainer_routes), -1), axis=-1)  # (L,N,P+T)
     assert same[:, valid].all()
-    plain = _trainer_pass(config, params, r, replay=False)
-    replayed = _trainer_pass(config, params, r, replay=True)
+    run = jax.jit(_trainer_pass, static_argnums=(0, 3))
+    plain, replayed = run(config, params, r, False), run(config, params, r, True)
     m = np.asarray(r.mask).astype(bool)
     assert np.abs(np.asarray(replayed) - np.asarray(r.logprobs))[m].max() <= 1e-4
     assert np.abs(np.asarray(replayed) - np.asarray(plain))[m].max() <= 1e-5

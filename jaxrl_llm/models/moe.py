@@ -71,21 +71,6 @@ def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None
     return y, experts, probs
 
 
-def router_stats(config: ModelConfig, experts: jax.Array, probs: jax.Array, valid: jax.Array):
-    """Per-layer load statistics over the valid tokens: experts (M,k), probs (M,E), valid (M,) bool.
-
-    Returns (load_balance, expert_load_max): the Switch-Transformer auxiliary loss E * sum_e f_e P_e (f_e
-    the fraction of routed pairs sent to e, P_e its mean probability; 1 when uniform) and max_e f_e * E.
-    """
-    e = config.num_experts
-    v = valid.astype(jnp.float32)
-    n = jnp.maximum(jnp.sum(v), 1.0)
-    counts = jnp.sum(jax.nn.one_hot(experts, e, dtype=jnp.float32) * v[:, None, None], axis=(0, 1))
-    frac = counts / (n * config.num_experts_per_tok)
-    mean_prob = jnp.sum(probs * v[:, None], axis=0) / n
-    return e * jnp.sum(jax.lax.stop_gradient(frac) * mean_prob), e * jnp.max(frac)
-
-
 class MoeMlp(nn.Module):
     """Declares one layer's router and experts and applies `moe_mlp` to x (N,S,D) -> (N,S,D), experts (N,S,k)."""
 

@@ -71,7 +71,17 @@ TOY = {
 # config.json of Qwen/Qwen2.5-32B.
 QWEN25_32B = dict(QWEN25_7B, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
                   num_attention_heads=40, num_key_value_heads=8)
-MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY}
+# config.json of Qwen/Qwen3-30B-A3B: 128 experts, 8 per token (3.3B active of 30.5B parameters).
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645, "use_sliding_window": False,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [],
+}
+MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B,
+          "qwen3-30b-a3b": QWEN3_30B_A3B, "toy": TOY}
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 

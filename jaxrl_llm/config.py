@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
+    c.model.routing_replay = True  # mixture-of-experts: the trainer's passes reuse the sampler's experts
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
     c.model.remat = "none"  # "none" | "full" | "dots": recompute layers in backward to save memory
     c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block
@@ -194,6 +195,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = 1  # data-parallel axis; -1 takes the remaining devices
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
     c.mesh.tensor = 1  # tensor-parallel axis
+    c.mesh.expert = 1  # expert-parallel axis: shards the experts of mixture-of-experts models
     c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (one process); docs/algorithms/async.md
 
     c.checkpoint = ml_collections.ConfigDict()

@@ -1,8 +1,9 @@
-"""One device mesh (axes `data`, `fsdp`, `tensor`) shared by policy, reference and value models.
+"""One device mesh (axes `data`, `fsdp`, `expert`, `tensor`) shared by policy, reference and value models.
 
 Parameters carry logical axis names (models/transformer.py); `LOGICAL_RULES` maps them to mesh axes:
 FSDP shards the embedding dimension of every weight, tensor parallelism shards heads, MLP width and the
-vocabulary; rollout rows (and the KV cache's rows) are sharded over data x fsdp. A dimension that its
+vocabulary, the expert axis the experts of mixture-of-experts layers (models/moe.py; size 1 otherwise);
+rollout rows (and the KV cache's rows) are sharded over data x fsdp. A dimension that its
 mesh axes do not divide is replicated instead, with one logged note per parameter.
 
 Jitted code runs under `use_mesh(mesh)`: `jax.set_mesh` plus the logical rules. Both are needed for the
@@ -23,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 log = logging.getLogger(__name__)
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 LOGICAL_RULES = (
@@ -35,6 +36,7 @@ LOGICAL_RULES = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
+    ("expert", "expert"),
     # activations (nn.with_logical_constraint inside the model)
     ("batch", BATCH_AXES),
     ("length", None),
@@ -44,11 +46,11 @@ LOGICAL_RULES = (
 )
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
-    """Mesh of shape (data, fsdp, tensor); one axis may be -1 to take the remaining devices."""
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None, expert: int = 1) -> Mesh:
+    """Mesh of shape (data, fsdp, expert, tensor); one axis may be -1 to take the remaining devices."""
     devices = np.asarray(jax.devices() if devices is None else devices)
     n = devices.size
-    shape = [int(data), int(fsdp), int(tensor)]
+    shape = [int(data), int(fsdp), int(expert), int(tensor)]
     for name, s in zip(AXES, shape):
         if s == 0 or s < -1:
             raise ValueError(f"mesh.{name} must be a positive int or -1, got {s}")
@@ -60,7 +62,7 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Me
             raise ValueError(f"mesh {tuple(shape)}: {n} devices are not divisible by {known}")
         shape[shape.index(-1)] = n // known
     if int(np.prod(shape)) != n:
-        raise ValueError(f"mesh data*fsdp*tensor = {'*'.join(map(str, shape))} = {int(np.prod(shape))} "
+        raise ValueError(f"mesh data*fsdp*expert*tensor = {'*'.join(map(str, shape))} = {int(np.prod(shape))} "
                          f"does not match the {n} available devices")
     # A TPU-topology-aware order when there is one; a plain reshape on CPU.
     try:

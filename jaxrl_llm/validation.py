@@ -95,6 +95,7 @@ def _validate_model_and_data(c) -> None:
     for f in ("model.dtype", "model.compute_dtype"):
         _check(c, f, lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
     _check(c, "model.remat", lambda v: v in ("none", "full", "dots"), "none, full or dots")
+    _check(c, "model.routing_replay", lambda v: isinstance(v, bool), "True or False")
     _check_choice(c, "model.attention", ATTENTION_IMPLS)
     if c.model.attention == "cudnn" and {c.model.compute_dtype, c.rollout.compute_dtype} - {"", "bfloat16", "float16"}:
         _fail("model.attention", "auto, xla or blockwise with a float32 model.compute_dtype or "
@@ -284,7 +285,7 @@ def _validate_lora(c) -> None:
 
 
 def _validate_io(c) -> None:
-    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor"):
+    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"):
         _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
     _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "checkpoint.max_to_keep", lambda v: _is_int(v) and v >= 1, "an int >= 1")

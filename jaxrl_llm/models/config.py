@@ -11,9 +11,10 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,12 @@ class ModelConfig:
     o_bias: bool = False  # Llama/Qwen3 `attention_bias` also biases o_proj; Qwen2 never does
     mlp_bias: bool = False  # Llama `mlp_bias`
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    # Mixture of experts (models/moe.py): every layer's MLP is num_experts SwiGLU experts of width
+    # moe_intermediate_size, num_experts_per_tok of them per token; 0 experts = a dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalize the selected experts' gate probabilities to sum to 1
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -70,6 +77,12 @@ class ModelConfig:
     lora_targets: tuple[str, ...] = ()  # of q, k, v, o, gate, up, down
     lora_dropout: float = 0.0  # dropout on the adapters' input, in passes given a "dropout" rng only
 
+    def __post_init__(self):
+        mlp = sorted(set(self.lora_targets) & {"gate", "up", "down"})
+        if self.num_experts and self.lora_rank and mlp:
+            raise ValueError(f"lora.targets {','.join(mlp)}: adapters on the experts of a mixture-of-experts model are "
+                             "not supported; expected attention targets (q, k, v, o)")
+
     @property
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
@@ -83,6 +96,8 @@ class ModelConfig:
                                 self.head_dim, self.num_layers, self.vocab_size)
         attn = d * h * hd * 2 + d * k * hd * 2 + (h + 2 * k) * hd * self.qkv_bias + d * self.o_bias
         mlp = 3 * d * f + (2 * f + d) * self.mlp_bias
+        if self.num_experts:
+            mlp = d * self.num_experts + 3 * d * self.moe_intermediate_size * self.num_experts
         per_layer = attn + mlp + 2 * d + 2 * hd * self.qk_norm
         return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
 
@@ -151,13 +166,38 @@ def config_from_hf_dict(d: dict[str, Any], source: str = "config.json", **overri
         qkv_bias=True if model_type == "qwen2" else attention_bias,
         o_bias=False if model_type == "qwen2" else attention_bias,
         mlp_bias=bool(d.get("mlp_bias", False)) if model_type == "llama" else False,
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=_as_tuple(d.get("eos_token_id")),
         pad_token_id=d.get("pad_token_id"),
     )
+    if model_type in ("qwen3_moe", "mixtral"):
+        kw.update(_moe_from_hf(d, source, model_type))
     kw.update(overrides)
     return ModelConfig(**kw)
+
+
+def _moe_from_hf(d: dict[str, Any], source: str, model_type: str) -> dict[str, Any]:
+    """The experts' fields: 4.x spells Qwen3-MoE's count `num_experts`, 5.x `num_local_experts` (Mixtral's)."""
+    experts = d.get("num_local_experts", d.get("num_experts"))
+    k = d.get("num_experts_per_tok")
+    if not experts or not k or not 0 < int(k) <= int(experts):
+        raise ValueError(f"{source}: num_experts_per_tok={k} must be in [1, num_experts={experts}]")
+    if model_type == "mixtral":
+        if d.get("sliding_window") is not None:
+            raise ValueError(f"{source}: sliding_window={d['sliding_window']} is not supported (expected null)")
+        return dict(num_experts=int(experts), num_experts_per_tok=int(k), norm_topk_prob=True,
+                    moe_intermediate_size=int(d["intermediate_size"]))
+    layers = int(d["num_hidden_layers"])
+    step, dense_only = int(d.get("decoder_sparse_step", 1) or 1), set(d.get("mlp_only_layers") or ())
+    dense = [i for i in range(layers) if i in dense_only or (i + 1) % step]
+    if dense:  # the layer scan needs one block type: a dense MLP among sparse ones is a second
+        raise ValueError(f"{source}: dense MLP layers {dense} among sparse ones (decoder_sparse_step={step}, "
+                         f"mlp_only_layers={sorted(dense_only)}) are not supported; expected every layer sparse")
+    if "moe_intermediate_size" not in d:
+        raise ValueError(f"{source}: missing required field moe_intermediate_size")
+    return dict(num_experts=int(experts), num_experts_per_tok=int(k), norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                moe_intermediate_size=int(d["moe_intermediate_size"]))
 
 
 def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> dict[str, Any]:
@@ -202,8 +242,16 @@ def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> di
     }
     if config.model_type == "llama":
         d.update(attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
-    elif config.model_type == "qwen3":
+    elif config.model_type in ("qwen3", "qwen3_moe"):
         d.update(attention_bias=config.qkv_bias, use_sliding_window=False)
+    if config.model_type == "qwen3_moe":  # both spellings of the count: 4.x num_experts, 5.x num_local_experts
+        d.update(num_experts=config.num_experts, num_local_experts=config.num_experts, decoder_sparse_step=1,
+                 mlp_only_layers=[], moe_intermediate_size=config.moe_intermediate_size,
+                 num_experts_per_tok=config.num_experts_per_tok, norm_topk_prob=config.norm_topk_prob)
+    elif config.model_type == "mixtral":
+        d.update(num_local_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+                 sliding_window=None)
+        d["intermediate_size"] = config.moe_intermediate_size
     else:
         d.update(use_sliding_window=False)
     if torch_dtype:

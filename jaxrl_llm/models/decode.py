@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.moe import moe_mlp
 from jaxrl_llm.models.transformer import apply_rope, rms_norm
 
 
@@ -33,7 +34,11 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
          "q": flat(layer["q_proj"]["kernel"]), "k": flat(layer["k_proj"]["kernel"]),
          "v": flat(layer["v_proj"]["kernel"]),
          "o": layer["o_proj"]["kernel"].reshape(*lead, c.num_heads * c.head_dim, c.hidden_size),
-         "gate": layer["gate_proj"]["kernel"], "up": layer["up_proj"]["kernel"], "down": layer["down_proj"]["kernel"]}
+         }
+    if c.num_experts:
+        w["moe"] = dict(layer["moe"])  # router (..., D, E), gate, up (..., E, D, F), down (..., E, F, D)
+    else:
+        w.update(gate=layer["gate_proj"]["kernel"], up=layer["up_proj"]["kernel"], down=layer["down_proj"]["kernel"])
     if c.qkv_bias:
         w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"].reshape(*lead, -1) for k in "qkv"})
     if c.o_bias:
@@ -83,13 +88,15 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     return out / total[..., None]
 
 
-def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None):
+def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None,
+                 return_routes: bool = False):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
     or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
     or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
-    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache).
+    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache)
+    [, the experts (N,k) this token was routed to: MoE with return_routes].
     """
     c = config
     dt = jnp.dtype(c.dtype)
@@ -114,6 +121,10 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
 
     y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
+    if c.num_experts:
+        y, experts, _ = moe_mlp(c, w["moe"], y)
+        x = nn.with_logical_constraint(x + y, ("batch", "act_embed"))
+        return (x, (ck, cv), experts) if return_routes else (x, (ck, cv))
     gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
     mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
     x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_llm import faults
-from jaxrl_llm.models import lora
+from jaxrl_llm.models import lora, moe_hf
 from jaxrl_llm.models.config import ModelConfig, config_to_hf_dict, read_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -51,10 +51,13 @@ def _layer_entries(c: ModelConfig) -> list[tuple[tuple[str, ...], str, tuple[int
         (("k_proj", "kernel"), "self_attn.k_proj.weight", (k * hd, d), lin_in(k, hd), lin_out),
         (("v_proj", "kernel"), "self_attn.v_proj.weight", (k * hd, d), lin_in(k, hd), lin_out),
         (("o_proj", "kernel"), "self_attn.o_proj.weight", (d, h * hd), o_in, o_out),
-        (("gate_proj", "kernel"), "mlp.gate_proj.weight", (f, d), lin_in(f), lin_out),
-        (("up_proj", "kernel"), "mlp.up_proj.weight", (f, d), lin_in(f), lin_out),
-        (("down_proj", "kernel"), "mlp.down_proj.weight", (d, f), lin_in(d), lin_out),
     ]
+    if c.num_experts:  # the experts themselves: moe_hf.expert_entries (E HF tensors per layer tensor)
+        e.append(moe_hf.router_entry(c))
+    else:
+        e += [(("gate_proj", "kernel"), "mlp.gate_proj.weight", (f, d), lin_in(f), lin_out),
+              (("up_proj", "kernel"), "mlp.up_proj.weight", (f, d), lin_in(f), lin_out),
+              (("down_proj", "kernel"), "mlp.down_proj.weight", (d, f), lin_in(d), lin_out)]
     if c.qkv_bias:
         e += [(("q_proj", "bias"), "self_attn.q_proj.bias", (h * hd,), flat(h, hd), flat(-1)),
               (("k_proj", "bias"), "self_attn.k_proj.bias", (k * hd,), flat(k, hd), flat(-1)),
@@ -115,10 +118,22 @@ class TensorIndex:
             if missing:
                 raise CheckpointError(f"{path}: tensor {missing[0]} listed in {INDEX_FILE} is not in {weight_map[missing[0]]}")
 
+        self.aliases: dict[str, tuple[str, Callable]] = {}  # name -> (stored name, slice of it)
+
+    def alias(self, aliases: dict[str, tuple[str, Callable]]):
+        """Names read as a slice of another tensor (5.x fused experts: models/moe_hf.py)."""
+        self.aliases.update({k: v for k, v in aliases.items() if k not in self.where})
+        self.where.update({k: self.where[v[0]] for k, v in self.aliases.items()})
+
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.aliases:
+            return self.read(name).shape
         return tuple(self.handles[self.where[name]].get_slice(name).get_shape())
 
     def read(self, name: str) -> np.ndarray:
+        if name in self.aliases:
+            stored, part = self.aliases[name]
+            return part(self.read(stored))
         file = os.path.join(self.path, self.where[name])
         try:
             return self.handles[self.where[name]].get_tensor(name)
@@ -176,6 +191,9 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
     """
     _check_files_complete(path)
     index = TensorIndex(path)
+    expert_entries = moe_hf.expert_entries(config) if config.num_experts else []
+    if expert_entries:
+        index.alias(moe_hf.fused_aliases(config, set(index.where)))
     np_dtype = np.dtype(jnp.dtype(dtype))
     L = config.num_layers
     layer_entries = _layer_entries(config)
@@ -183,6 +201,8 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
     expected = {name: shape for _, name, shape, _, _ in top}
     expected.update({f"model.layers.{i}.{suffix}": shape for _, suffix, shape, _, _ in layer_entries
                      for i in range(L)})
+    expected.update({f"model.layers.{i}.{suffix}": shape for _, suffixes, shape, _, _ in expert_entries
+                     for suffix in suffixes for i in range(L)})
     expected.update(extra or {})
     for name, shape in expected.items():
         if name not in index.where:
@@ -203,6 +223,13 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
             layers = range(L)[idx[0]]
             return np.stack([f(index.read(f"model.layers.{i}.{suffix}"))[idx[1:]] for i in layers])
         specs.append((("layers", *ours), our_shape, cb))
+    for ours, suffixes, shape, to_ours, _ in expert_entries:
+        our_shape = (L, *to_ours(np.empty((len(suffixes), *shape), np.uint8)).shape)
+
+        def cb(idx, suffixes=suffixes, f=to_ours):
+            read = lambda i: np.stack([index.read(f"model.layers.{i}.{s}") for s in suffixes])
+            return np.stack([f(read(i))[idx[1:]] for i in range(L)[idx[0]]])
+        specs.append((("layers", *ours), our_shape, cb))
 
     for ours, shape, cb in specs:
         if shardings is None:
@@ -216,7 +243,7 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
 
 
 def load_hf(path: str, dtype=jnp.float32, *, compute_dtype=None, shardings=None, **config_overrides):
-    """Loads a local HF Llama / Qwen2 / Qwen3 checkpoint directory -> (ModelConfig, params).
+    """Loads a local HF Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral checkpoint directory -> (ModelConfig, params).
 
     `dtype` is the parameter dtype, `compute_dtype` that of matmuls and activations (default: `dtype`);
     `config_overrides` set other execution fields (remat, logits_chunk). Errors are one line, name the
@@ -240,6 +267,10 @@ def hf_state_dict(config: ModelConfig, params, dtype=None, *, with_lm_head: bool
         stacked = _get(host["layers"], ours)
         for i in range(config.num_layers):
             out[f"model.layers.{i}.{suffix}"] = to_hf(stacked[i])
+    for ours, suffixes, _, _, to_hf in (moe_hf.expert_entries(config) if config.num_experts else []):
+        stacked = _get(host["layers"], ours)
+        for i in range(config.num_layers):
+            out.update({f"model.layers.{i}.{s}": w for s, w in zip(suffixes, to_hf(stacked[i]))})
     return {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in out.items()}
 
 

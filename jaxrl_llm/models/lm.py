@@ -107,20 +107,24 @@ def token_logprobs(config: ModelConfig, params, tokens: jax.Array, attention_mas
 # ------------------------------------------------------------------ prompt-shared passes (sampler, trainer)
 @precise
 def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Array, *,
-            with_lm_head: bool = True, rngs=None):
+            with_lm_head: bool = True, rngs=None, routes=None, return_routes: bool = False):
     """Runs the prompts once. prompts/prompt_mask (B,P) left-padded. rngs: {"dropout": key} in training
     with LoRA dropout (models/lora.py), else None.
 
-    Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd).
+    MoE: `routes` (L,B,P,k) replays the prompt tokens' experts (models/moe.py).
+
+    Returns hidden (B,P,D) and the per-layer prefix (k, v), each (L,B,P,Hkv,hd) [, the experts (L,B,P,k)
+    with return_routes].
     """
-    hidden, kv = Decoder(config, return_kv=True, with_lm_head=with_lm_head).apply(
-        {"params": params}, prompts, positions_from_mask(prompt_mask), prompt_mask.astype(bool), rngs=rngs)
-    return hidden, kv
+    out = Decoder(config, return_kv=True, with_lm_head=with_lm_head, return_routes=return_routes).apply(
+        {"params": params}, prompts, positions_from_mask(prompt_mask), prompt_mask.astype(bool), rngs=rngs,
+        routes=routes)
+    return out
 
 
 @precise
 def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask,
-                      dropout_rng=None):
+                      dropout_rng=None, prompt_routes=None, routes=None):
     """Hidden states that predict each completion token, sharing each prompt across its G completions.
 
     prompts/prompt_mask (B,P) left-padded; completions/completion_mask (N,T) right-padded, N = B*G,
@@ -128,17 +132,19 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     column 0 is the prompt's last hidden state, column t > 0 the completion's hidden state at t-1.
     Equal (up to float rounding) to running the concatenated [prompt; completion] rows one by one, at
     B*P + N*T token cost instead of N*(P+T). dropout_rng: a key for LoRA dropout (training only).
+    MoE routing replay: prompt_routes (L,B,P,k) and routes (L,N,T,k), the experts the sampler chose.
     """
     b = prompts.shape[0]
     n, t = completions.shape
     g = n // b
     rngs = [None, None] if dropout_rng is None else [{"dropout": k} for k in jax.random.split(dropout_rng)]
-    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False, rngs=rngs[0])
+    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False, rngs=rngs[0],
+                           routes=prompt_routes)
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     c_hidden, _ = Decoder(config, with_lm_head=False).apply(
         {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
-        prefix_mask=prompt_mask.astype(bool), rngs=rngs[1])
+        prefix_mask=prompt_mask.astype(bool), rngs=rngs[1], routes=routes)
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
     return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
 
@@ -219,13 +225,16 @@ def init_cache(config: ModelConfig, rows: int, slots: int):
 
 
 @precise
-def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask):
+def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask,
+                return_routes: bool = False):
     """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`
     (or `decode_prefix_rows`); cache from `init_cache` (or a previous step); cache_index the slot t: a
     scalar, or (N,) one per row (rows at different steps); prefix_mask (B,P) bool.
 
-    Returns (hidden (N,D) after the final norm, updated cache). The step sees the prompt plus slots 0..t.
+    Returns (hidden (N,D) after the final norm, updated cache) [, MoE with return_routes: the experts
+    (L,N,k) each row's token was routed to]. The step sees the prompt plus slots 0..t.
     """
+    routed = return_routes and config.num_experts > 0
     c = config
     x = nn.with_logical_constraint(jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype)),
                                    ("batch", "act_embed"))
@@ -234,16 +243,22 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     # on CPU, 10x the rotation itself; docs/benchmarks.md section 5b).
     cos, sin = jax.lax.optimization_barrier(tuple(a[:, 0] for a in rope_cos_sin(c, positions[:, None])))
     if decode_unrolled(c):
-        new_cache = []
+        new_cache, experts = [], []
         for w, layer_cache, layer_prefix in zip(weights, cache, prefix):
-            x, layer_cache = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask)
+            x, layer_cache, *e = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask,
+                                              return_routes=routed)
             new_cache.append(layer_cache)
+            experts += e
         cache = tuple(new_cache)
+        experts = jnp.stack(experts) if routed else None
     else:
         def one(carry, xs):
             x, cache = carry
             layer, w, pk, pv = xs
-            return decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer), None
+            x, cache, *e = decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer,
+                                        return_routes=routed)
+            return (x, cache), (e[0] if routed else None)
 
-        (x, cache), _ = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))
-    return rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps), cache
+        (x, cache), experts = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))
+    hidden = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    return (hidden, cache, experts) if routed else (hidden, cache)

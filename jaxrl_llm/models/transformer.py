@@ -24,6 +24,7 @@ import numpy as np
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 from jaxrl_llm.models.kernels import attend
+from jaxrl_llm.models.moe import MoeMlp
 
 
 # ---------------------------------------------------------------------------------------------- RoPE
@@ -185,13 +186,14 @@ class Dense(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v)."""
+    """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v) and
+    [MoE] replayed experts (N,S,k); ys: its (k, v) when return_kv, and [MoE] the experts it routed to."""
 
     config: ModelConfig
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
 
     @nn.compact
-    def __call__(self, x, prefix_kv, cos, sin, mask, segment_ids, prefix_mask):
+    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask):
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
         dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name,
@@ -211,12 +213,17 @@ class Block(nn.Module):
         x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
 
         h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)
-        gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
-        up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
-        mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-        x = x + dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+        experts = None
+        if c.num_experts:
+            y, experts = MoeMlp(c, name="moe")(h, routes)
+            x = x + y
+        else:
+            gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
+            up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
+            mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+            x = x + dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-        return x, ((k, v) if self.return_kv else None)
+        return x, ((k, v) if self.return_kv else None, experts)
 
 
 _REMAT_POLICIES = {
@@ -226,7 +233,8 @@ _REMAT_POLICIES = {
 
 
 class Decoder(nn.Module):
-    """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), per-layer (k, v) or None).
+    """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), per-layer (k, v) or None
+    [, experts (L,N,S,k) when return_routes]). `routes` (L,N,S,k): MoE experts to replay (models/moe.py).
 
     The LM head is applied outside (`lm_head_weight`) so that log-probs can be computed in sequence
     chunks and the value model can skip it; `with_lm_head` only declares its parameters (untied models).
@@ -235,9 +243,10 @@ class Decoder(nn.Module):
     config: ModelConfig
     return_kv: bool = False
     with_lm_head: bool = True
+    return_routes: bool = False  # MoE: also return the selected experts (L,N,S,k) int32
 
     @nn.compact
-    def __call__(self, tokens, positions, mask, prefix=None, prefix_mask=None, segment_ids=None):
+    def __call__(self, tokens, positions, mask, prefix=None, prefix_mask=None, segment_ids=None, routes=None):
         c = self.config
         pdt = jnp.dtype(c.param_dtype)
         embedding = self.param("embed", nn.with_logical_partitioning(_init(), ("vocab", "embed")),
@@ -255,11 +264,13 @@ class Decoder(nn.Module):
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-        x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, mask, segment_ids,
-                                                          prefix_mask)
+        x, (kv, experts) = layers(c, self.return_kv, name="layers")(x, prefix, routes, cos, sin, mask, segment_ids,
+                                                                     prefix_mask)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="final_norm")(x)
+        if self.return_routes:
+            return x, kv, experts
         return x, kv
 
 

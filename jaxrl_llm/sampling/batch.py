@@ -35,6 +35,8 @@ class Rollout:
     drawn from (top-k/top-p truncated and renormalised; = logprobs without truncation), 0 where mask is 0;
     mask (N,T) int32 -- 1 on generated tokens including the EOS;  lengths (N,) int32 = mask.sum(1);
     truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
+    MoE models (static sampler): routes (L,N,T,k) int32 -- the experts token t was routed to when fed
+    (zeros for the last token, never fed); prompt_routes (L,N,P,k) those of the prompt tokens; else None.
     """
 
     tokens: jax.Array
@@ -45,6 +47,8 @@ class Rollout:
     truncated: jax.Array
     prompt_tokens: jax.Array
     prompt_mask: jax.Array
+    routes: jax.Array | None = None
+    prompt_routes: jax.Array | None = None
 
     @property
     def num_rows(self) -> int:
@@ -68,7 +72,9 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     eos = jnp.asarray(eos_ids, jnp.int32)
 
     # 1. prefill once per prompt.
-    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    moe = config.num_experts > 0
+    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
+                                                return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
     last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
     start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
@@ -85,15 +91,19 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     # prefix re-laid out once here, outside the loop.
     weights, prefix = decode_prepare(config, params, prefix_kv)
     cache = init_cache(config, n, t_max)
+    routes = jnp.zeros((config.num_layers, n, t_max, config.num_experts_per_tok), jnp.int32) if moe else None
 
     def cond(state):
-        t, _, _, _, done, _, _, _ = state
+        t, _, _, _, done, _, _, _, _ = state
         return (t < t_max - 1) & ~jnp.all(done)
 
     def body(state):
-        t, tokens, logprobs, mask, done, cache, token, seen = state
+        t, tokens, logprobs, mask, done, cache, token, seen, routes = state
         with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
-            hidden, cache = decode_step(config, params, weights, token, start + t, cache, t, prefix, prefix_mask)
+            hidden, cache, *experts = decode_step(config, params, weights, token, start + t, cache, t, prefix,
+                                                  prefix_mask, return_routes=moe)
+        if moe:  # the experts of token t (L,N,k) -> routes[:, :, t]
+            routes = jax.lax.dynamic_update_slice(routes, experts[0][:, :, None], (0, 0, t, 0))
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
@@ -106,11 +116,12 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
         mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
         done = done | jnp.isin(new, eos)
         seen = None if seen is None else mark(seen, rows, new)
-        return t + 1, tokens, logprobs, mask, done, cache, new, seen
+        return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
 
-    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen)
-    _, tokens, logprobs, mask, done, _, _, _ = jax.lax.while_loop(cond, body, state)
+    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes)
+    _, tokens, logprobs, mask, done, _, _, _, routes = jax.lax.while_loop(cond, body, state)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1),
                    truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),
-                   prompt_mask=jnp.repeat(prompt_mask, g, axis=0))
+                   prompt_mask=jnp.repeat(prompt_mask, g, axis=0), routes=routes,
+                   prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None)

@@ -77,7 +77,8 @@ class Trainer:
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
         devices, rollout_devices = async_rollout.split_devices(c, devices)
-        self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+        self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices,
+                                       expert=c.mesh.expert)
         self.rollout_mesh = sharding.make_mesh(1, -1, 1, devices=rollout_devices) if rollout_devices else None
         setup.check_batch_fits(c, self.mesh)
         with undo_on_failure(workdir, close=self._close_sinks):  # a failed start leaves the workdir as it was

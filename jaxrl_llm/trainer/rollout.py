@@ -20,7 +20,7 @@ from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate
 from jaxrl_llm.trainer.episodes import sample_episodes
 
-_PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # indexed by prompt; every other key by row
+_PROMPT_KEYS = ("prompt_tokens", "prompt_mask", "prompt_routes")  # indexed by prompt; every other key by row
 # Rewards that shape length rather than judge the answer: DAPO's dynamic sampling ignores them by default.
 LENGTH_SHAPING = ("overlong", "length_penalty")
 
@@ -61,6 +61,9 @@ class Rollouts:
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
                  "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
                  "truncated": dist.to_local(r.truncated)}
+        if r.routes is not None and c.model.routing_replay:  # MoE: the experts the sampler chose, to replay
+            local["routes"] = dist.to_local(r.routes.transpose(1, 2, 0, 3))  # (N,T,L,k): rows first
+            local["prompt_routes"] = dist.to_local(r.prompt_routes[:, ::c.rollout.group_size].transpose(1, 2, 0, 3))
         prompts, columns = self.reward_inputs(batch, local, step)
         return self._score(local, prompts, self.completions(local), columns)
 
@@ -177,6 +180,9 @@ class Rollouts:
                "loss_mask": put(loss_mask, np.float32), "sampler_logp": put(local["sampler_logp"], np.float32),
                "behavior_logp": put(local["behavior_logp"], np.float32), "scores": put(local["scores"], np.float32),
                "truncated": put(local["truncated"], np.int32)}
+        for k in ("routes", "prompt_routes"):  # MoE routing replay: (rows, tokens, L, k)
+            if k in local:
+                out[k] = dist.to_global(np.asarray(local[k], np.int32), sharding.batch_sharding(self.mesh, 4))
         if "attention_mask" in local:  # multi-turn: the forward attends to environment tokens too
             out["attention_mask"] = put(local["attention_mask"], np.int32)
         if self.process:
@@ -216,6 +222,6 @@ def join_groups(groups: list[dict]) -> dict:
     for k in groups[0]:
         parts = [g[k] for g in groups]
         if k in _PROMPT_KEYS:
-            parts = [np.pad(p, ((0, 0), (P - p.shape[1], 0))) for p in parts]  # masked out: any id will do
+            parts = [np.pad(p, ((0, 0), (P - p.shape[1], 0), *[(0, 0)] * (p.ndim - 2))) for p in parts]  # masked out
         out[k] = np.concatenate(parts)
     return out

@@ -49,7 +49,8 @@ class StepFunctions:
 def minibatch(b: dict, pidx: jax.Array, group_size: int) -> dict:
     """The rows of prompts `pidx` (whole groups, so prompts stay shared in the forward pass)."""
     rows = (pidx[:, None] * group_size + jnp.arange(group_size)[None]).reshape(-1)
-    return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask") else v[rows] for k, v in b.items() if v is not None}
+    return {k: v[pidx] if k in ("prompt_tokens", "prompt_mask", "prompt_routes") else v[rows]
+            for k, v in b.items() if v is not None}
 
 
 def attended(b):
@@ -63,11 +64,17 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
     when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
     dropout_rng: a key for LoRA dropout (the update only)."""
+    replay = "routes" in b  # MoE routing replay: the sampler's experts, (rows, tokens, L, k)
     if pack is not None:
+        if replay:
+            raise ValueError("train.pack_length > 0 with model.routing_replay on a mixture-of-experts model: packed "
+                             "rows do not carry routes yet; set train.pack_length=0 or model.routing_replay=False")
         return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                                pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng)
+    layers_first = lambda r: r.transpose(2, 0, 1, 3) if replay else None
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
-                               dropout_rng)
+                               dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
+                               routes=layers_first(b.get("routes")))
     return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
 
 

@@ -1,0 +1,93 @@
+"""The mixture-of-experts MLP (Qwen3-MoE, Mixtral): a top-k softmax router and dropless SwiGLU experts.
+
+Shapes: M tokens (rows x positions, flattened), D hidden, E experts, k experts per token, F expert width.
+Parameters of one layer: router (D,E), gate and up (E,D,F), down (E,F,D); the expert axis carries the
+logical name "expert" (sharding.py maps it to the `expert` mesh axis).
+
+Dropless: every (token, selected expert) pair is computed -- no capacity, no dropped token. The M*k pairs
+are sorted by expert and each expert's contiguous run is multiplied by that expert's matrices with
+`jax.lax.ragged_dot` (one grouped product per projection), so the work is that of the k active experts,
+never a dense loop over all E. Routing follows transformers: softmax of the router logits in float32, the
+top k probabilities [renormalized to sum to 1: `norm_topk_prob`, always for Mixtral], cast to the compute
+dtype, and the experts' outputs summed with these weights.
+
+Routing replay: given the experts a token was routed to elsewhere (the sampler), `replay` (M,k) fixes the
+selection; the weights are still the softmax probabilities of those experts, so the router gets gradient.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.config import ModelConfig
+
+
+def route(config: ModelConfig, logits: jax.Array, replay: jax.Array | None = None):
+    """logits (M,E) -> (weights (M,k), experts (M,k) int32, probs (M,E)), probabilities in float32 (float64
+    under a float64 compute dtype, for the tests' references).
+
+    With `replay` (M,k) int the experts are those, not the top k of this pass's probabilities.
+    """
+    probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+    if replay is None:
+        weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+    else:
+        experts = replay.astype(jnp.int32)
+        weights = jnp.take_along_axis(probs, experts, axis=-1)
+    if config.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts.astype(jnp.int32), probs
+
+
+def grouped_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
+                    down: jax.Array, dtype) -> jax.Array:
+    """Dropless SwiGLU experts: x (M,D), experts/weights (M,k), gate/up (E,D,F), down (E,F,D) -> (M,D).
+
+    The M*k (token, expert) pairs are sorted by expert (stable: a token's pairs keep their order) and
+    each expert's run goes through one `ragged_dot` per projection; the weighted outputs are summed back
+    onto their tokens with a scatter-add.
+    """
+    m, k = experts.shape
+    num_experts = gate.shape[0]
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # (M*k,) pair index, grouped by expert
+    token = order // k
+    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)  # (E,) sums to M*k
+    xs = jnp.take(x, token, axis=0).astype(dtype)
+    g = jax.lax.ragged_dot(xs, gate.astype(dtype), sizes)
+    u = jax.lax.ragged_dot(xs, up.astype(dtype), sizes)
+    y = jax.lax.ragged_dot(nn.silu(g) * u, down.astype(dtype), sizes)  # (M*k, D)
+    y = y * jnp.take(weights.reshape(-1), order).astype(dtype)[:, None]
+    return jnp.zeros((m, x.shape[-1]), dtype).at[token].add(y)
+
+
+def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None = None):
+    """x (M,D) through one layer's experts `w` (router, gate, up, down) -> (y (M,D), experts (M,k), probs (M,E))."""
+    dt = jnp.dtype(config.dtype)
+    logits = jnp.dot(x.astype(dt), w["router"].astype(dt))
+    weights, experts, probs = route(config, logits, replay)
+    y = grouped_experts(x, experts, weights.astype(dt), w["gate"], w["up"], w["down"], dt)
+    return y, experts, probs
+
+
+class MoeMlp(nn.Module):
+    """Declares one layer's router and experts and applies `moe_mlp` to x (N,S,D) -> (N,S,D), experts (N,S,k)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, replay=None):
+        c = self.config
+        pdt = jnp.dtype(c.param_dtype)
+        d, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        init = nn.initializers.normal(0.02)
+        param = lambda name, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape, pdt)
+        w = {"router": param("router", (d, e), ("embed", None)),
+             "gate": param("gate", (e, d, f), ("expert", "embed", "mlp")),
+             "up": param("up", (e, d, f), ("expert", "embed", "mlp")),
+             "down": param("down", (e, f, d), ("expert", "mlp", "embed"))}
+        n, s = x.shape[:2]
+        flat_replay = None if replay is None else replay.reshape(n * s, -1)
+        y, experts, _ = moe_mlp(c, w, x.reshape(n * s, d), flat_replay)
+        return y.reshape(n, s, d), experts.reshape(n, s, -1)

@@ -70,11 +70,13 @@ def fields_to_hf(c: ModelConfig, rope_params: dict[str, Any]) -> dict[str, Any]:
     """config.json fields of the family (both spellings), beyond those `config_to_hf_dict` writes."""
     out: dict[str, Any] = {"sliding_window": c.sliding_window, "attention_bias": False,
                            "hidden_act": "silu" if c.hidden_act == "silu" else "gelu_pytorch_tanh"}
-    if c.sliding_window is not None:
+    if c.sliding_window is not None and c.model_type != "mistral":  # Mistral: every layer (no such field)
         out["layer_types"] = list(c.layer_types) or ["sliding_attention"] * c.num_layers
     if c.model_type == "mistral":
         return out
-    out.update(hidden_activation=out["hidden_act"], query_pre_attn_scalar=c.query_pre_attn_scalar,
+    scalar = c.query_pre_attn_scalar
+    out.update(hidden_activation=out["hidden_act"],  # transformers 5.x types it int
+               query_pre_attn_scalar=int(scalar) if scalar is not None and scalar == int(scalar) else scalar,
                attn_logit_softcapping=c.attn_softcap, final_logit_softcapping=c.final_softcap)
     if c.model_type == "gemma3_text":
         local = rope_to_hf(c.local_rope or c.rope)

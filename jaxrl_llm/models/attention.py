@@ -253,7 +253,7 @@ def merge(out_a, lse_a, out_b, lse_b):
 
 
 def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_q=DEFAULT_BLOCK_Q,
-                     block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, window=None):
+                     block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, window=None, positions=None):
     """Causal self-attention among the S tokens [+ a shared prompt prefix], blockwise. Same contract as
     kernels.dense_attend, with the mask given by its parts instead of a dense (N,S,S) array.
 
@@ -274,10 +274,9 @@ def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_
     pk, pv, pmask = prefix
     b = pk.shape[0]
     qg = q.reshape(b, (n // b) * s, h, hd)
-    p = pk.shape[1]
-    p_win = None if window is None else (  # query i at index P + i of [prompt ; tokens], prompt key j at j
-        jnp.broadcast_to(jnp.tile(p + jnp.arange(s, dtype=jnp.int32), n // b), qg.shape[:2]),
-        jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), window)
+    p_win = None if window is None else (  # by positions (kernels.attend): query minus real-prompt position
+        positions.reshape(qg.shape[:2]).astype(jnp.int32),
+        jnp.cumsum(pmask.astype(jnp.int32), axis=-1) - 1, window)
     p_out, p_lse = flash_attention(qg, pk, pv, jnp.zeros(qg.shape[:2], jnp.int32),
                                    jnp.where(pmask.astype(bool), 0, -1), False, block_q, block_k,
                                    scale, softcap, p_win)

@@ -72,21 +72,23 @@ def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: in
 
 
 def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256, scale=None,
-           softcap=None, window=None):
+           softcap=None, window=None, positions=None):
     """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
     is blockwise's query and key tile (config.model.attention_block). scale: of the scores (default
     hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap); window: None or an int32 scalar
-    (traced): query i sees key j only if i - j < window, the prefix's keys at index j - P."""
+    (traced): query i sees key j only if i - j < window (indices, as transformers' mask), and the prefix's
+    key p only if positions[i] - (its position among the real prompt tokens) < window: the prefix may hold
+    more than a left-padded prompt (the multi-turn sampler's cache slots). positions (N,S) int: the queries'."""
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None, windowed=window is not None,
                              softcap=softcap is not None)
     if impl == "xla":
         return dense_attend(q, k, v, dense_mask(key_mask, segment_ids, window), prefix, scale=scale,
-                            softcap=softcap, window=window)
+                            softcap=softcap, window=window, positions=positions)
     if impl == "blockwise":
         return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block,
-                                scale=scale, softcap=softcap, window=window)
+                                scale=scale, softcap=softcap, window=window, positions=positions)
     if scale is not None and scale != q.shape[-1] ** -0.5:  # these two scale by hd ** -0.5 themselves
         q = q * jnp.asarray(scale * q.shape[-1] ** 0.5, q.dtype)
     if impl == "cudnn":
@@ -112,7 +114,12 @@ def soft_cap(scores, cap):
     return scores if cap is None else jnp.tanh(scores / cap) * cap
 
 
-def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, window=None):
+def prefix_positions(pmask):
+    """(B,P) bool -> (B,P) int32: each prefix key's position among its row's real prefix tokens."""
+    return jnp.cumsum(pmask.astype(jnp.int32), axis=-1) - 1
+
+
+def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, window=None, positions=None):
     """Softmax attention over [prefix keys ; self keys] with GQA, softmax in float32.
 
     q (N,S,H,hd); k, v (N,K,Hkv,hd); self_mask (N,S,K) bool.
@@ -130,13 +137,15 @@ def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, w
     scores = jnp.where(self_mask[:, None, None], scores, MASKED_SCORE)
     if prefix is not None:
         pk, pv, pmask = prefix
+        pk_mask = pmask
         b, p = pk.shape[:2]
         qg = q.reshape(b, n // b, s, kvh, r, hd)
         pscores = soft_cap(jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale,
                            softcap)
         pmask = pmask.astype(bool)[:, None, None, None, None, :]
-        if window is not None:  # query i sits at index P + i of [prompt ; tokens], prompt key j at j
-            pmask = pmask & ((p + jnp.arange(s))[:, None] - jnp.arange(p)[None, :] < window)
+        if window is not None:  # (B,G,1,1,S,P): by positions (see `attend`)
+            near = positions.reshape(b, n // b, s)[..., None] - prefix_positions(pk_mask)[:, None, None] < window
+            pmask = pmask & near[:, :, None, None]
         pscores = jnp.where(pmask, pscores, MASKED_SCORE)
         scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)

@@ -213,7 +213,7 @@ class Block(nn.Module):
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
 
     @nn.compact
-    def __call__(self, x, prefix_kv, cos, sin, mask, segment_ids, prefix_mask, sliding):
+    def __call__(self, x, prefix_kv, cos, sin, mask, segment_ids, prefix_mask, positions, sliding):
         c = self.config
         off = c.norm_offset
         norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
@@ -233,7 +233,7 @@ class Block(nn.Module):
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
         a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
-                   softcap=c.attn_softcap, window=layer_window(c, sliding))
+                   softcap=c.attn_softcap, window=layer_window(c, sliding), positions=positions)
         a = dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
         x = x + (norm("attn_out_norm")(a) if c.sandwich_norm else a)
 
@@ -286,11 +286,12 @@ class Decoder(nn.Module):
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                                  0),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
         sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
         x, kv = layers(c, self.return_kv, name="layers")(x, prefix, cos, sin, mask, segment_ids,
-                                                          prefix_mask, sliding)
+                                                          prefix_mask, positions, sliding)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")(x)
         return x, kv
 

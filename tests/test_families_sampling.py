@@ -46,9 +46,14 @@ def test_greedy_equals_transformers_generate(family):
                                   ref[:, tokens.shape[1]:].numpy()[np.asarray(r.mask) > 0])
 
 
-@pytest.mark.parametrize("slots", [None, 3])  # the static sampler, continuous batching
-def test_sampler_logprobs_equal_trainer_logprobs(family, slots):
+@pytest.mark.parametrize("slots,scanned", [(None, False), (3, False), (None, True)])
+def test_sampler_logprobs_equal_trainer_logprobs(family, slots, scanned, monkeypatch):
+    """The static sampler, continuous batching, and the scanned decode step (layer kinds as data)."""
+    from jaxrl_llm.models import lm
     _, config, params = family
+    if scanned:
+        monkeypatch.setattr(lm, "DECODE_UNROLL_MAX_LAYERS", 0)
+        config = config.replace(logits_chunk=config.logits_chunk + 1)  # a fresh compile under the patch
     tokens, mask = _prompts()
     r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=T, num_samples=2,
                  temperature=1.0, eos_ids=[EOS], pad_id=PAD, **({} if slots is None else {"decode_slots": slots}))

@@ -24,3 +24,21 @@ def test_one_grpo_step(family, tmp_path):
                                    t.state.params, before)
     assert max(jax.tree_util.tree_leaves(moved)) > 0
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(t.state.params))
+
+
+# Gemma 2's chat template in substance: no system role (it raises), user/model turns.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_gemma_chat_template_renders_or_names_the_system_role(tmp_path):
+    from jaxrl_llm.data.prompts import chat_prompt_texts, to_messages
+    tok = make_tiny_tokenizer(str(tmp_path), chat_template=False)
+    tok.chat_template = GEMMA_TEMPLATE
+    texts = chat_prompt_texts(tok, [to_messages("2+2?", "")])
+    assert texts[0].endswith("<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(ValueError, match=r"^the chat template failed on row 7: System role not supported$"):
+        chat_prompt_texts(tok, [to_messages("2+2?", "Be brief.")], first_index=7)

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+from jaxrl_llm.models import families
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -154,8 +156,7 @@ def config_from_hf_dict(d: dict[str, Any], source: str = "config.json", **overri
         raise ValueError(f"{source}: missing required field(s) {', '.join(missing)}")
     family = {}
     if model_type in _FAMILY_TYPES:
-        from jaxrl_llm.models import families  # imports this module
-        family = families.fields_from_hf(d, source)
+        family = families.fields_from_hf(d, source, _rope_from_hf)
         d = {**d, "hidden_act": "silu", "use_sliding_window": False}  # checked there
     if d.get("use_sliding_window"):
         raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only)")
@@ -245,8 +246,7 @@ def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> di
     elif config.model_type in ("qwen2",):
         d.update(use_sliding_window=False)
     if config.model_type in _FAMILY_TYPES:
-        from jaxrl_llm.models import families  # imports this module
-        d.update(families.fields_to_hf(config, rope_params))
+        d.update(families.fields_to_hf(config, rope_params, rope_to_hf))
     if torch_dtype:
         d["torch_dtype"] = torch_dtype
         d["dtype"] = torch_dtype

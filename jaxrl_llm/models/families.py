@@ -7,9 +7,9 @@ layer kind) and 4.x (`rope_theta` + `rope_scaling` on the global layers, `rope_l
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from jaxrl_llm.models.config import ModelConfig, _rope_from_hf, rope_to_hf
+# Imported by models/config.py, so it imports nothing of it: the RoPE reader / writer come as arguments.
 
 LAYER_KINDS = ("sliding_attention", "full_attention")
 _GEMMA = ("gemma2", "gemma3_text")
@@ -29,8 +29,9 @@ def _layer_types(d: dict[str, Any], model_type: str, layers: int, source: str) -
     return types
 
 
-def fields_from_hf(d: dict[str, Any], source: str) -> dict[str, Any]:
-    """The ModelConfig fields of a Mistral / Gemma 2 / Gemma 3 text config.json beyond Llama's."""
+def fields_from_hf(d: dict[str, Any], source: str, rope_from_hf: Callable) -> dict[str, Any]:
+    """The ModelConfig fields of a Mistral / Gemma 2 / Gemma 3 text config.json beyond Llama's;
+    rope_from_hf(config dict, source) -> RopeConfig is config.py's reader."""
     model_type = d["model_type"]
     act = d.get("hidden_activation") or d.get("hidden_act") or ("gelu_pytorch_tanh" if model_type in _GEMMA else "silu")
     acts = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -56,18 +57,19 @@ def fields_from_hf(d: dict[str, Any], source: str) -> dict[str, Any]:
         kw["qk_norm"] = True
         params = d.get("rope_parameters") or {}
         if "full_attention" in params or "sliding_attention" in params:  # 5.x: one RoPE per layer kind
-            one = lambda kind, theta: _rope_from_hf({"max_position_embeddings": d.get("max_position_embeddings"),
+            one = lambda kind, theta: rope_from_hf({"max_position_embeddings": d.get("max_position_embeddings"),
                                                      "rope_parameters": {"rope_theta": theta, **(params.get(kind) or {})}},
                                                     source)
             kw.update(rope=one("full_attention", 1e6), local_rope=one("sliding_attention", 1e4))
         else:  # 4.x: rope_theta + rope_scaling are the global layers', rope_local_base_freq the local ones'
-            kw["rope"] = _rope_from_hf({**d, "rope_theta": d.get("rope_theta", 1e6)}, source)
-            kw["local_rope"] = _rope_from_hf({"rope_theta": d.get("rope_local_base_freq", 1e4)}, source)
+            kw["rope"] = rope_from_hf({**d, "rope_theta": d.get("rope_theta", 1e6)}, source)
+            kw["local_rope"] = rope_from_hf({"rope_theta": d.get("rope_local_base_freq", 1e4)}, source)
     return kw
 
 
-def fields_to_hf(c: ModelConfig, rope_params: dict[str, Any]) -> dict[str, Any]:
-    """config.json fields of the family (both spellings), beyond those `config_to_hf_dict` writes."""
+def fields_to_hf(c, rope_params: dict[str, Any], rope_to_hf: Callable) -> dict[str, Any]:
+    """config.json fields of the family (both spellings) of ModelConfig `c`, beyond those
+    `config_to_hf_dict` writes; rope_to_hf(RopeConfig) -> dict is config.py's writer."""
     out: dict[str, Any] = {"sliding_window": c.sliding_window, "attention_bias": False,
                            "hidden_act": "silu" if c.hidden_act == "silu" else "gelu_pytorch_tanh"}
     if c.sliding_window is not None and c.model_type != "mistral":  # Mistral: every layer (no such field)

@@ -80,8 +80,30 @@ QWEN3_30B_A3B = {
     "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
     "decoder_sparse_step": 1, "mlp_only_layers": [],
 }
+# config.json of google/gemma-2-9b, of the text model of google/gemma-3-4b-pt, and of mistralai/Mistral-7B-v0.1.
+GEMMA2_9B = {
+    "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 3584, "intermediate_size": 14336,
+    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "max_position_embeddings": 8192, "rope_theta": 10000.0,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "eos_token_id": 1,
+}
+GEMMA3_4B = {
+    "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
+    "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "sliding_window": 1024, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "max_position_embeddings": 131072, "hidden_activation": "gelu_pytorch_tanh", "eos_token_id": 1,
+}
+MISTRAL_7B = {
+    "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "sliding_window": 4096,
+    "max_position_embeddings": 32768, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "eos_token_id": 2,
+}
 MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B,
-          "qwen3-30b-a3b": QWEN3_30B_A3B, "toy": TOY}
+          "qwen3-30b-a3b": QWEN3_30B_A3B, "toy": TOY, "gemma2-9b": GEMMA2_9B, "gemma3-4b": GEMMA3_4B,
+          "mistral-7b": MISTRAL_7B}
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 

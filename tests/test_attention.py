@@ -273,3 +273,77 @@ def test_cudnn_on_gpu_equals_blockwise(prefix):
     grads = {n: jax.grad(loss(f), (0, 1, 2))(q, k, v) for n, f in fns.items()}
     for a, b in zip(grads["cudnn"], grads["blockwise"]):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=6e-2)
+
+
+def _windowed_reference(q, k, v, visible, scale, cap):
+    """float64 numpy attention with a score scale and soft cap (Gemma 2), heads expanded explicitly."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    r = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)
+    s = np.einsum("nshd,nthd->nhst", q, k) * scale
+    s = np.tanh(s / cap) * cap
+    s = np.where(visible[:, None], s, -np.inf)
+    e = np.where(visible[:, None], np.exp(s - np.max(s, axis=-1, keepdims=True, initial=-1e300)), 0.0)
+    return np.einsum("nhst,nthd->nshd", e / np.maximum(e.sum(-1, keepdims=True), 1e-300), v)
+
+
+@pytest.mark.parametrize("block", [(2, 3), (4, 4)])
+def test_sliding_window_and_soft_cap_outputs_and_gradients_against_float64(block):
+    """Blockwise and dense attention with a window (4 < S), a binding soft cap and a query scale against a
+    float64 reference; gradients by central differences of the float64 reference in 3 random directions."""
+    q, k, v, w = _qkv(seed=3, n=2)
+    mask = jnp.asarray(np.arange(S)[None] >= np.array([[0], [3]]))  # one row left-padded
+    window, scale, cap = jnp.int32(4), 0.3, 0.5
+    i = np.arange(S)
+    visible = np.asarray(dense_mask(mask)) & ((i[:, None] - i[None, :]) < 4)[None]
+    assert np.abs(np.einsum("nshd,ntkd->nst", q, k)[visible]).max() * scale > 3 * cap  # the cap binds
+    rows = visible.any(-1)  # padded queries see no key: left out (their output is unspecified)
+    w = w * jnp.asarray(rows)[..., None, None]
+    q = jnp.where(jnp.asarray(rows)[..., None, None], q, 0.0)
+    kw = dict(scale=scale, softcap=cap, window=window)
+    impls = {"blockwise": lambda q, k, v: blockwise_attend(q, k, v, mask, block_q=block[0], block_k=block[1], **kw),
+             "xla": lambda q, k, v: dense_attend(q, k, v, dense_mask(mask, None, window), **kw)}
+    ref = lambda q, k, v: float(np.sum(_windowed_reference(q, k, v, visible, scale, cap) * np.asarray(w, np.float64)))
+    rng = np.random.default_rng(0)
+    for name, fn in impls.items():
+        keep = rows[..., None, None]
+        np.testing.assert_allclose(np.where(keep, fn(q, k, v), 0),
+                                   np.where(keep, _windowed_reference(q, k, v, visible, scale, cap), 0), atol=1e-5)
+        grads = jax.grad(_loss(fn, w), (0, 1, 2))(q, k, v)
+        for _ in range(3):
+            d = [rng.standard_normal(x.shape) for x in (q, k, v)]
+            eps = 1e-5
+            plus = [np.asarray(x, np.float64) + eps * di for x, di in zip((q, k, v), d)]
+            minus = [np.asarray(x, np.float64) - eps * di for x, di in zip((q, k, v), d)]
+            numeric = (ref(*plus) - ref(*minus)) / (2 * eps)
+            analytic = sum(float(np.sum(np.asarray(g, np.float64) * di)) for g, di in zip(grads, d))
+            assert abs(numeric - analytic) <= 1e-4 * max(1.0, abs(numeric)), name
+
+
+def test_window_skips_key_blocks_outside_it():
+    """Causal + window: query block i runs key blocks from the window's start only; key block j runs
+    query blocks up to the window's end (the transpose)."""
+    from jaxrl_llm.models.attention import _key_block_start, _query_block_stop
+    bq = bk = 4
+    for i in range(8):
+        start = int(_key_block_start(i, bq, bk, True, 6))
+        # every key of an earlier block is out of the window of every query of block i
+        assert all(q - kk >= 6 for q in range(i * bq, i * bq + bq) for kk in range(0, start * bk))
+        assert start == 0 or any(q - kk < 6 for q in range(i * bq, i * bq + bq) for kk in range((start - 1) * bk + bk, start * bk + bk))
+    for j in range(8):
+        stop = int(_query_block_stop(j, bq, bk, 8, True, 6))
+        assert all(q - kk >= 6 for q in range(stop * bq, 8 * bq) for kk in range(j * bk, j * bk + bk))
+
+
+def test_auto_takes_blockwise_for_windows_and_soft_caps_on_accelerators():
+    kw = dict(dtype=jnp.bfloat16, head_dim=128, keys=4096, segments=False)
+    assert resolve_attention("auto", backend="gpu", **kw) == "cudnn"
+    assert resolve_attention("auto", backend="tpu", **kw) == "splash"
+    for flags in (dict(windowed=True), dict(softcap=True)):
+        assert resolve_attention("auto", backend="gpu", **kw, **flags) == "blockwise"
+        assert resolve_attention("auto", backend="tpu", **kw, **flags) == "blockwise"
+        assert resolve_attention("auto", backend="cpu", **kw, **flags) == "blockwise"
+    with pytest.raises(ValueError, match="'cudnn' does not support a sliding window"):
+        resolve_attention("cudnn", backend="gpu", **kw, windowed=True)
+    with pytest.raises(ValueError, match="'splash' does not support an attention soft cap"):
+        resolve_attention("splash", backend="tpu", **kw, softcap=True)

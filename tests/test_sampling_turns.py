@@ -136,7 +136,7 @@ def _check_against_single_shot(mc, params, ep, rows, seqs, turn_outs):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.parametrize("path", ["unrolled", "scanned"])
+@pytest.mark.parametrize("path", ["unrolled", "scanned", "windowed"])
 def test_append_and_resume_match_a_single_shot_prefill(path, monkeypatch):
     """After turn, append, turn: every cached key/value equals a single-shot prefill of [prompt ; all the
     tokens]; the sampler's log-probs equal the trainer's teacher-forced ones; the resumed greedy turn
@@ -145,6 +145,9 @@ def test_append_and_resume_match_a_single_shot_prefill(path, monkeypatch):
         monkeypatch.setattr(lm, "DECODE_UNROLL_MAX_LAYERS", 0)
     jax.clear_caches()  # the programs' traces depend on the path
     mc, params = _model(layers=3)
+    if path == "windowed":  # Mistral / Gemma layers: a window shorter than the episodes, soft caps
+        mc = mc.replace(sliding_window=4, layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+                        attn_softcap=1.0, final_softcap=5.0)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     obs = [[20, 21, 22], [23], [], [30, 31, 32, 33, 34, 35, 36, 37, 38]]  # one row appends nothing
     ep, rows, seqs, (t1, t2) = _episode(mc, params, prompts, 2, obs, temperature=1.0)

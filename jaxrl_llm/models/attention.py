@@ -33,6 +33,20 @@ DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
 
+def _key_block_start(i, bq, bk, causal, window):
+    """First key block query block i needs: 0, or (causal, windowed) the first within the window."""
+    if not causal or window is None:
+        return 0
+    return jnp.maximum(0, i * bq - window + 1) // bk
+
+
+def _query_block_stop(j, bq, bk, nq, causal, window):
+    """One past the last query block key block j is seen by (the transpose of `_key_block_start`)."""
+    if not causal or window is None:
+        return nq
+    return jnp.minimum(nq, (j * bk + bk + window - 2) // bq + 1)
+
+
 def _key_block_stop(i, bq, bk, nk, causal):
     """One past the last key block query block i needs: all of them, or those at or below the diagonal."""
     if not causal:
@@ -45,21 +59,29 @@ def _query_block_start(j, bq, bk, causal):
     return (j * bk) // bq if causal else 0
 
 
-def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal):
-    """Scores of one tile and which of them are visible.
+def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal, softcap=None, win=None):
+    """Scores of one tile, which of them are visible, and d(capped score)/d(raw score).
 
     q_blk (N,Hkv,bq,R,hd), k_blk (N,Hkv,bk,hd), q_seg (N,bq), kv_seg (N,bk) int32; q0, k0 the tile's first
-    query/key index. Returns s (N,Hkv,bq,R,bk) float32 with masked entries at MASKED_SCORE, and valid broadcastable
-    to it: (N,1,bq,1,bk) bool.
+    query/key index; win None or (q_idx (N,bq), kv_idx (N,bk), window): key j visible only if
+    q_idx - kv_idx < window. Returns s (N,Hkv,bq,R,bk) float32 (soft-capped) with masked entries at
+    MASKED_SCORE, valid broadcastable to it: (N,1,bq,1,bk) bool, and the cap's derivative (1 without cap).
     """
     s = jnp.einsum("nkqrd,nkcd->nkqrc", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+    dcap = 1.0
+    if softcap is not None:
+        t = jnp.tanh(s / softcap)
+        s, dcap = t * softcap, 1.0 - t * t
     valid = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
     if causal:
         qi = q0 + jnp.arange(q_seg.shape[1])
         kj = k0 + jnp.arange(kv_seg.shape[1])
         valid = valid & (qi[:, None] >= kj[None, :])[None]
+    if win is not None:
+        q_idx, kv_idx, window = win
+        valid = valid & (q_idx[:, :, None] - kv_idx[:, None, :] < window)
     valid = valid[:, None, :, None, :]
-    return jnp.where(valid, s, MASKED_SCORE), valid
+    return jnp.where(valid, s, MASKED_SCORE), valid, dcap
 
 
 def _layout(q, k, v, q_seg, kv_seg, bq, bk):
@@ -83,11 +105,25 @@ def _blocks(q, k, block_q, block_k):
     return bq, bk, -(-q.shape[1] // bq), -(-k.shape[1] // bk)
 
 
-def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
+def _win_layout(win, s, kp, sp):
+    """The window's index arrays padded to whole blocks (padding is masked by the segment ids anyway)."""
+    if win is None:
+        return None
+    q_idx, kv_idx, window = win
+    pad = lambda x, t: jnp.pad(x.astype(jnp.int32), ((0, 0), (0, t - x.shape[1])))
+    return pad(q_idx, sp), pad(kv_idx, kp), window
+
+
+def _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softcap):
     n, s, h, hd = q.shape
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
-    scale = hd ** -0.5
+    scale = hd ** -0.5 if scale is None else scale
+    win_p = _win_layout(win, s, nk * bk, nq * bq)
+    window = None if win is None else win[2]
+    tile_win = lambda i, j: None if win_p is None else (
+        jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
+        jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
     slice_k = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=x.ndim - 2 if x.ndim == 4 else 1)
 
     def query_block(i):
@@ -96,7 +132,8 @@ def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
 
         def key_block(j, carry):
             m, l, acc = carry
-            sc, valid = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), i * bq, j * bk, scale, causal)
+            sc, valid, _ = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), i * bq, j * bk, scale, causal,
+                                 softcap, tile_win(i, j))
             m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
             p = jnp.where(valid, jnp.exp(sc - m_new[..., None]), 0.0)
             corr = jnp.exp(m - m_new)
@@ -107,7 +144,8 @@ def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
         shape = q_blk.shape[:-1]
         init = (jnp.full(shape, MASKED_SCORE, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(q_blk.shape, jnp.float32))
-        m, l, acc = jax.lax.fori_loop(0, _key_block_stop(i, bq, bk, nk, causal), key_block, init)
+        m, l, acc = jax.lax.fori_loop(_key_block_start(i, bq, bk, causal, window),
+                                      _key_block_stop(i, bq, bk, nk, causal), key_block, init)
         seen = l > 0
         out = acc / jnp.where(seen, l, 1.0)[..., None]
         return out.astype(q.dtype), jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), EMPTY_LSE)
@@ -118,14 +156,19 @@ def _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
     return out, lse
 
 
-def _backward(causal, block_q, block_k, res, cotangents):
-    q, k, v, q_seg, kv_seg, out, lse = res
+def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
+    q, k, v, q_seg, kv_seg, win, out, lse = res
     d_out, d_lse = cotangents
     n, s, h, hd = q.shape
     kvh, r = k.shape[2], h // k.shape[2]
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
-    scale = hd ** -0.5
+    scale = hd ** -0.5 if scale is None else scale
+    win_p = _win_layout(win, s, nk * bk, nq * bq)
+    window = None if win is None else win[2]
+    tile_win = lambda i, j: None if win_p is None else (
+        jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
+        jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
     sp = nq * bq
     rows = lambda x: jnp.pad(x.reshape(n, s, kvh, r, *x.shape[3:]).swapaxes(1, 2),
                              ((0, 0), (0, 0), (0, sp - s), (0, 0)) + ((0, 0),) * (x.ndim - 3))
@@ -144,52 +187,56 @@ def _backward(causal, block_q, block_k, res, cotangents):
             dq, dk, dv = carry
             q_blk, do_blk = q_slice(qh, i), q_slice(doh, i)
             qs = jax.lax.dynamic_slice_in_dim(q_seg_p, i * bq, bq, axis=1)
-            sc, valid = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal)
+            sc, valid, dcap = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal, softcap, tile_win(i, j))
             p = jnp.where(valid, jnp.exp(sc - q_slice(lse_h, i)[..., None]), 0.0)
             dv = dv + jnp.einsum("nkqrc,nkqrd->nkcd", p.astype(v.dtype), do_blk, preferred_element_type=jnp.float32)
             dp = jnp.einsum("nkqrd,nkcd->nkqrc", do_blk, v_blk, preferred_element_type=jnp.float32)
-            ds = (p * (dp - q_slice(delta, i)[..., None]) * scale).astype(q.dtype)
+            ds = (p * (dp - q_slice(delta, i)[..., None]) * dcap * scale).astype(q.dtype)
             dk = dk + jnp.einsum("nkqrc,nkqrd->nkcd", ds, q_blk, preferred_element_type=jnp.float32)
             dq_blk = jnp.einsum("nkqrc,nkcd->nkqrd", ds, k_blk, preferred_element_type=jnp.float32)
             dq = jax.lax.dynamic_update_slice_in_dim(dq, q_slice(dq, i) + dq_blk, i * bq, axis=2)
             return dq, dk, dv
 
         zeros = jnp.zeros(k_blk.shape, jnp.float32)
-        dq, dk, dv = jax.lax.fori_loop(_query_block_start(j, bq, bk, causal), nq, query_block, (dq, zeros, zeros))
+        dq, dk, dv = jax.lax.fori_loop(_query_block_start(j, bq, bk, causal),
+                                       _query_block_stop(j, bq, bk, nq, causal, window), query_block, (dq, zeros, zeros))
         return dq, (dk, dv)
 
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qh.shape, jnp.float32), jnp.arange(nk))
     dq = dq.transpose(0, 2, 1, 3, 4).reshape(n, sp, h, hd)[:, :s].astype(q.dtype)
     unblock = lambda x, like: x.transpose(1, 0, 3, 2, 4).reshape(n, nk * bk, kvh, hd)[:, :like.shape[1]].astype(like.dtype)
-    return dq, unblock(dk, k), unblock(dv, v), None, None
+    return dq, unblock(dk, k), unblock(dv, v), None, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q=DEFAULT_BLOCK_Q,
-                    block_k=DEFAULT_BLOCK_K):
+                    block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, win=None):
     """Softmax attention by blocks, with GQA; float32 softmax and accumulation.
 
     q (N,S,H,hd); k, v (N,K,Hkv,hd), same dtype as q; q_segment_ids (N,S) int; kv_segment_ids (N,K) int,
     negative on masked keys. Query i sees key j iff the segment ids are equal, kv_segment_ids[j] >= 0 and,
     when `causal` (S == K), j <= i. Block sizes need not divide S or K; a block larger than the sequence
     is clamped to it. Returns (out (N,S,H,hd) in q.dtype, lse (N,S,H) float32): both differentiable;
-    a query that sees no key gets out = 0 and lse = EMPTY_LSE.
+    a query that sees no key gets out = 0 and lse = EMPTY_LSE. win: None or (q_idx (N,S), kv_idx (N,K) int,
+    window int32 scalar): query i also needs q_idx[i] - kv_idx[j] < window; causal passes take the
+    indices to be the positions 0.. and skip the key blocks wholly outside the window. scale: of the
+    scores (default hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap), before the mask.
     """
     with precision.precision_for(q.dtype):
-        return _forward(q, k, v, q_segment_ids, kv_segment_ids, causal, block_q, block_k)
+        return _forward(q, k, v, q_segment_ids, kv_segment_ids, win, causal, block_q, block_k, scale, softcap)
 
 
 # float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced when the
 # gradient is taken, after the model function and its precision context returned: they say so themselves.
-def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k):
+def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k, scale, softcap, win):
     with precision.precision_for(q.dtype):
-        out, lse = _forward(q, k, v, q_seg, kv_seg, causal, block_q, block_k)
-    return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
+        out, lse = _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softcap)
+    return (out, lse), (q, k, v, q_seg, kv_seg, win, out, lse)
 
 
-def _flash_bwd(causal, block_q, block_k, res, cotangents):
+def _flash_bwd(causal, block_q, block_k, scale, softcap, res, cotangents):
     with precision.precision_for(res[0].dtype):
-        return _backward(causal, block_q, block_k, res, cotangents)
+        return _backward(causal, block_q, block_k, scale, softcap, res, cotangents)
 
 
 flash_attention.defvjp(_flash_fwd, _flash_bwd)
@@ -206,25 +253,32 @@ def merge(out_a, lse_a, out_b, lse_b):
 
 
 def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_q=DEFAULT_BLOCK_Q,
-                     block_k=DEFAULT_BLOCK_K):
+                     block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, window=None, positions=None):
     """Causal self-attention among the S tokens [+ a shared prompt prefix], blockwise. Same contract as
     kernels.dense_attend, with the mask given by its parts instead of a dense (N,S,S) array.
 
     q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool: the real tokens; segment_ids None or (N,S) int
     >= 0 (a query sees only keys of its own segment). prefix: None or (pk, pv, pmask), pk/pv (B,P,Hkv,hd),
     pmask (B,P) bool, row n = b*G + g sees prompt b; the G rows' queries are grouped per prompt against
-    the prefix keys (never copied G times) and merged with the self part by log-sum-exp. Returns (N,S,H,hd).
+    the prefix keys (never copied G times) and merged with the self part by log-sum-exp. scale, softcap,
+    window as in kernels.attend. Returns (N,S,H,hd).
     """
     n, s, h, hd = q.shape
     seg = jnp.zeros((n, s), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
     kv_seg = jnp.where(key_mask.astype(bool), seg, -1)
-    out, lse = flash_attention(q, k, v, seg, kv_seg, True, block_q, block_k)
+    idx = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (n, s))
+    win = None if window is None else (idx, idx, window)
+    out, lse = flash_attention(q, k, v, seg, kv_seg, True, block_q, block_k, scale, softcap, win)
     if prefix is None:
         return out
     pk, pv, pmask = prefix
     b = pk.shape[0]
     qg = q.reshape(b, (n // b) * s, h, hd)
+    p_win = None if window is None else (  # by positions (kernels.attend): query minus real-prompt position
+        positions.reshape(qg.shape[:2]).astype(jnp.int32),
+        jnp.cumsum(pmask.astype(jnp.int32), axis=-1) - 1, window)
     p_out, p_lse = flash_attention(qg, pk, pv, jnp.zeros(qg.shape[:2], jnp.int32),
-                                   jnp.where(pmask.astype(bool), 0, -1), False, block_q, block_k)
+                                   jnp.where(pmask.astype(bool), 0, -1), False, block_q, block_k,
+                                   scale, softcap, p_win)
     merged, _ = merge(out, lse, p_out.reshape(n, s, h, hd), p_lse.reshape(n, s, h))
     return merged.astype(q.dtype)

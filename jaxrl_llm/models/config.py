@@ -11,10 +11,15 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+from jaxrl_llm.models import families
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "mistral", "gemma2", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                  "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+# Families read and written by models/families.py (sliding windows, soft caps, Gemma's norms).
+_FAMILY_TYPES = ("mistral", "gemma2", "gemma3_text")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,17 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the selected experts' gate probabilities to sum to 1
+    # Mistral / Gemma 2 / Gemma 3 (models/families.py); the defaults leave Llama and Qwen unchanged.
+    sliding_window: int | None = None  # a windowed layer's query i sees keys j with i - j < sliding_window
+    layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () = all full
+    local_rope: RopeConfig | None = None  # RoPE of the sliding layers when it differs (Gemma 3)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
+    norm_offset: float = 0.0  # RMSNorm multiplies by (norm_offset + scale): Gemma stores w in (1 + w)
+    sandwich_norm: bool = False  # norms on the attention and MLP outputs too (Gemma 2 / 3)
+    hidden_act: str = "silu"  # silu | gelu_tanh (Gemma's GeGLU)
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size) (Gemma)
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -87,6 +103,18 @@ class ModelConfig:
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether it attends within `sliding_window` (all False without a window)."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types) if self.layer_types \
+            else (True,) * self.num_layers
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 
@@ -98,7 +126,7 @@ class ModelConfig:
         mlp = 3 * d * f + (2 * f + d) * self.mlp_bias
         if self.num_experts:
             mlp = d * self.num_experts + 3 * d * self.moe_intermediate_size * self.num_experts
-        per_layer = attn + mlp + 2 * d + 2 * hd * self.qk_norm
+        per_layer = attn + mlp + 2 * d * (1 + self.sandwich_norm) + 2 * hd * self.qk_norm
         return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
 
 
@@ -141,6 +169,10 @@ def config_from_hf_dict(d: dict[str, Any], source: str = "config.json", **overri
                            "num_attention_heads") if k not in d]
     if missing:
         raise ValueError(f"{source}: missing required field(s) {', '.join(missing)}")
+    family = {}
+    if model_type in _FAMILY_TYPES:
+        family = families.fields_from_hf(d, source, _rope_from_hf)
+        d = {**d, "hidden_act": "silu", "use_sliding_window": False}  # checked there
     if d.get("use_sliding_window"):
         raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only)")
     if d.get("hidden_act", "silu") != "silu":
@@ -173,6 +205,7 @@ def config_from_hf_dict(d: dict[str, Any], source: str = "config.json", **overri
     )
     if model_type in ("qwen3_moe", "mixtral"):
         kw.update(_moe_from_hf(d, source, model_type))
+    kw.update(family)
     kw.update(overrides)
     return ModelConfig(**kw)
 
@@ -200,9 +233,8 @@ def _moe_from_hf(d: dict[str, Any], source: str, model_type: str) -> dict[str, A
                 moe_intermediate_size=int(d["moe_intermediate_size"]))
 
 
-def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> dict[str, Any]:
-    """A config.json that transformers 4.x and 5.x both read back to the same model."""
-    r = config.rope
+def rope_to_hf(r: RopeConfig) -> dict[str, Any]:
+    """5.x `rope_parameters` of one RoPE (theta inside)."""
     rope_params: dict[str, Any] = {"rope_type": r.type, "rope_theta": r.theta}
     if r.type == "linear":
         rope_params["factor"] = r.factor
@@ -215,6 +247,13 @@ def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> di
         for k in ("attention_factor", "mscale", "mscale_all_dim"):
             if getattr(r, k) is not None:
                 rope_params[k] = getattr(r, k)
+    return rope_params
+
+
+def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> dict[str, Any]:
+    """A config.json that transformers 4.x and 5.x both read back to the same model."""
+    r = config.rope
+    rope_params = rope_to_hf(r)
     eos = list(config.eos_token_id)
     d = {
         "architectures": [_ARCHITECTURES[config.model_type]],
@@ -252,8 +291,10 @@ def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> di
         d.update(num_local_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
                  sliding_window=None)
         d["intermediate_size"] = config.moe_intermediate_size
-    else:
+    elif config.model_type == "qwen2":
         d.update(use_sliding_window=False)
+    if config.model_type in _FAMILY_TYPES:
+        d.update(families.fields_to_hf(config, rope_params, rope_to_hf))
     if torch_dtype:
         d["torch_dtype"] = torch_dtype
         d["dtype"] = torch_dtype

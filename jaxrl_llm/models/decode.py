@@ -11,8 +11,9 @@ import jax.numpy as jnp
 from jaxrl_llm.models import lora
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.kernels import soft_cap
 from jaxrl_llm.models.moe import moe_mlp
-from jaxrl_llm.models.transformer import apply_rope, rms_norm
+from jaxrl_llm.models.transformer import activation, apply_rope, layer_window, rms_norm
 
 
 def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
@@ -47,6 +48,8 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
         w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"] for k in ("gate", "up", "down")})
     if c.qk_norm:
         w["q_norm"], w["k_norm"] = layer["q_norm"]["scale"], layer["k_norm"]["scale"]
+    if c.sandwich_norm:
+        w["attn_out_norm"], w["mlp_out_norm"] = layer["attn_out_norm"]["scale"], layer["mlp_out_norm"]["scale"]
     w.update(lora.decode_adapters(c, layer, lead))  # none left when fused
     if fuse:
         for fused, parts in (("qkv", "qkv"), ("gate_up", ("gate", "up"))):
@@ -56,13 +59,18 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
     return w
 
 
-def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
+def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask, scale=None, softcap=None, window=None):
     """Attention of one new token per row over [its prompt ; cache slots 0..index], softmax in float32.
 
     q (N,Hkv,R,hd); cache_k (N,Hkv,hd,T) (keys transposed), cache_v (N,Hkv,T,hd), with this step's
     key/value already in slot `index` (a scalar, or (N,) one slot per row); prefix_k (B,Hkv,hd,P), prefix_v (B,Hkv,P,hd) shared by the
     G = N/B rows of each prompt (never copied G times); prefix_mask (B,P) bool. The two score blocks are
-    normalized jointly (one max, one sum) without being concatenated. Returns (N,Hkv,R,hd) float32.
+    normalized jointly (one max, one sum) without being concatenated. scale, softcap as in kernels.attend;
+    window None or an int32 scalar: slot j is seen only if index - j < window, prompt key p only if
+    P + index - p < window (the token sits at index P + index of [left-padded prompt ; slots]).
+    The cache keeps every slot: a windowed layer masks the old ones rather than overwriting them in a
+    ring, so that one cache layout serves both layer kinds of one scanned step (docs/models.md).
+    Returns (N,Hkv,R,hd) float32.
 
     Keys are stored transposed because the products are many tiny batched matrix products (one per row
     and KV head) and XLA:CPU's batched dot repacks a transposed right-hand side for every batch element:
@@ -71,13 +79,22 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
     n, kvh, r, hd = q.shape
     b, _, _, p = prefix_k.shape
     g = n // b
-    scale = hd ** -0.5
+    scale = hd ** -0.5 if scale is None else scale
     to_rows = lambda x: x.reshape(b, kvh, g, r, *x.shape[3:]).swapaxes(1, 2).reshape(n, kvh, r, *x.shape[3:])
     to_prompts = lambda x: x.reshape(b, g, kvh, r, *x.shape[3:]).swapaxes(1, 2).reshape(b, kvh, g * r, *x.shape[3:])
-    s = jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(jnp.arange(cache_k.shape[3]) <= jnp.reshape(index, (-1, 1, 1, 1)), s, MASKED_SCORE)
-    sp = jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale
-    sp = jnp.where(prefix_mask[:, None, None, :], sp, MASKED_SCORE)
+    s = soft_cap(jnp.einsum("nkrd,nkdt->nkrt", q, cache_k, preferred_element_type=jnp.float32) * scale, softcap)
+    at = jnp.reshape(index, (-1, 1, 1, 1))
+    seen = jnp.arange(cache_k.shape[3]) <= at
+    if window is not None:
+        seen = seen & (at - jnp.arange(cache_k.shape[3]) < window)
+    s = jnp.where(seen, s, MASKED_SCORE)
+    sp = soft_cap(jnp.einsum("bkqd,bkdp->bkqp", to_prompts(q), prefix_k, preferred_element_type=jnp.float32) * scale,
+                  softcap)
+    p_seen = prefix_mask[:, None, None, :]
+    if window is not None:  # (N,1,1,P) per row, then grouped per prompt as the scores are
+        p_rows = jnp.broadcast_to(p + at - jnp.arange(p) < window, (n, 1, 1, p))
+        p_seen = p_seen & to_prompts(jnp.broadcast_to(p_rows, (n, kvh, r, p)))
+    sp = jnp.where(p_seen, sp, MASKED_SCORE)
     top = jnp.maximum(jnp.max(s, axis=-1), to_rows(jnp.max(sp, axis=-1)))  # (N,Hkv,R)
     e = jnp.exp(s - top[..., None])
     ep = jnp.exp(sp - to_prompts(top)[..., None])
@@ -89,45 +106,54 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask):
 
 
 def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None,
-                 return_routes: bool = False):
+                 sliding=False, return_routes: bool = False):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
     or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
     or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
-    cache before the write would make XLA copy it to keep the old version alive. Returns (x (N,D), cache)
-    [, the experts (N,k) this token was routed to: MoE with return_routes].
+    cache before the write would make XLA copy it to keep the old version alive. sliding: whether this
+    layer is windowed (a bool, or traced in the scanned step); cos, sin (2,N,hd) with `config.local_rope`
+    (global, local). Returns (x (N,D), cache) [, the experts (N,k) this token was routed to: MoE with
+    return_routes].
     """
     c = config
+    off = c.norm_offset
+    if c.local_rope is not None:
+        cos, sin = jnp.where(sliding, cos[1], cos[0]), jnp.where(sliding, sin[1], sin[0])
     dt = jnp.dtype(c.dtype)
     n = x.shape[0]
     h, kvh, hd = c.num_heads, c.num_kv_heads, c.head_dim
     dense = lambda y, name: _dense_step(y, w, name, dt)
 
-    y = rms_norm(x, w["input_norm"], c.rms_norm_eps)
+    y = rms_norm(x, w["input_norm"], c.rms_norm_eps, off)
     if "qkv" in w:
         q, k, v = jnp.split(dense(y, "qkv"), [h * hd, (h + kvh) * hd], axis=-1)
     else:
         q, k, v = dense(y, "q"), dense(y, "k"), dense(y, "v")
     q, k, v = q.reshape(n, 1, h, hd), k.reshape(n, 1, kvh, hd), v.reshape(n, kvh, 1, hd)
     if c.qk_norm:
-        q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
+        q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps, off), rms_norm(k, w["k_norm"], c.rms_norm_eps, off)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
     keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
                                                    for a in (ck, cv))
-    a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask)
-    x = x + dense(a.astype(dt).reshape(n, h * hd), "o")
+    a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask, c.attn_scale,
+                    c.attn_softcap, layer_window(c, sliding))
+    a = dense(a.astype(dt).reshape(n, h * hd), "o")
+    x = x + (rms_norm(a, w["attn_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm else a)
 
-    y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps)
+    y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps, off)
     if c.num_experts:
         y, experts, _ = moe_mlp(c, w["moe"], y)
         x = nn.with_logical_constraint(x + y, ("batch", "act_embed"))
         return (x, (ck, cv), experts) if return_routes else (x, (ck, cv))
     gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
-    mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "act_mlp"))
-    x = nn.with_logical_constraint(x + dense(mid, "down"), ("batch", "act_embed"))
+    mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "act_mlp"))
+    m = dense(mid, "down")
+    x = nn.with_logical_constraint(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
+                                        else m), ("batch", "act_embed"))
     return x, (ck, cv)
 
 

@@ -71,6 +71,10 @@ def _layer_entries(c: ModelConfig) -> list[tuple[tuple[str, ...], str, tuple[int
     if c.qk_norm:
         e += [(("q_norm", "scale"), "self_attn.q_norm.weight", (hd,), ident, ident),
               (("k_norm", "scale"), "self_attn.k_norm.weight", (hd,), ident, ident)]
+    if c.sandwich_norm:  # Gemma: post_attention_layernorm is the attention output's norm, not the MLP's input
+        e[1] = (("post_attn_norm", "scale"), "pre_feedforward_layernorm.weight", (d,), ident, ident)
+        e += [(("attn_out_norm", "scale"), "post_attention_layernorm.weight", (d,), ident, ident),
+              (("mlp_out_norm", "scale"), "post_feedforward_layernorm.weight", (d,), ident, ident)]
     return e
 
 

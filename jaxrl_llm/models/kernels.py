@@ -46,9 +46,18 @@ def cudnn_supports(dtype, head_dim: int) -> bool:
         and head_dim <= 128
 
 
-def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool) -> str:
-    """The implementation `name` runs as: `auto` becomes a concrete one, the others are checked."""
+def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool,
+                      windowed: bool = False, softcap: bool = False) -> str:
+    """The implementation `name` runs as: `auto` becomes a concrete one, the others are checked.
+    windowed / softcap: the layer has a sliding window / an attention soft cap, which the cuDNN and
+    splash wrappers do not pass on (`auto` takes blockwise there; naming them is an error)."""
     check_attention(name, backend)
+    if name in ("cudnn", "splash") and (windowed or softcap):
+        what = "a sliding window" if windowed else "an attention soft cap"
+        raise ValueError(f"config.model.attention={name!r} does not support {what} (Mistral / Gemma layers); "
+                         f"use auto, xla or blockwise")
+    if name == "auto" and backend in ("gpu", "tpu") and (windowed or softcap):
+        return "blockwise"
     if name == "cudnn" and not cudnn_supports(dtype, head_dim):
         raise ValueError(f"config.model.attention='cudnn' needs bfloat16/float16 compute and a head dim that is a "
                          f"multiple of 8 up to 128; got {jnp.dtype(dtype).name}, {head_dim}: use auto or blockwise")
@@ -62,52 +71,82 @@ def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: in
     return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla"
 
 
-def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256):
+def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256, scale=None,
+           softcap=None, window=None, positions=None):
     """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
-    is blockwise's query and key tile (config.model.attention_block)."""
+    is blockwise's query and key tile (config.model.attention_block). scale: of the scores (default
+    hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap); window: None or an int32 scalar
+    (traced): query i sees key j only if i - j < window (indices, as transformers' mask), and the prefix's
+    key p only if positions[i] - (its position among the real prompt tokens) < window: the prefix may hold
+    more than a left-padded prompt (the multi-turn sampler's cache slots). positions (N,S) int: the queries'."""
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
-                             keys=keys, segments=segment_ids is not None)
+                             keys=keys, segments=segment_ids is not None, windowed=window is not None,
+                             softcap=softcap is not None)
     if impl == "xla":
-        return dense_attend(q, k, v, dense_mask(key_mask, segment_ids), prefix)
+        return dense_attend(q, k, v, dense_mask(key_mask, segment_ids, window), prefix, scale=scale,
+                            softcap=softcap, window=window, positions=positions)
     if impl == "blockwise":
-        return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block)
+        return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block,
+                                scale=scale, softcap=softcap, window=window, positions=positions)
+    if scale is not None and scale != q.shape[-1] ** -0.5:  # these two scale by hd ** -0.5 themselves
+        q = q * jnp.asarray(scale * q.shape[-1] ** 0.5, q.dtype)
     if impl == "cudnn":
         return cudnn_attend(q, k, v, key_mask, segment_ids, prefix)
     from jaxrl_llm.models.splash import splash_attend  # TPU-only module: imported where it runs
     return splash_attend(q, k, v, key_mask, segment_ids, prefix)
 
 
-def dense_mask(key_mask, segment_ids=None):
-    """(N,S) key mask [+ segment ids] -> (N,S,S) bool: query t sees real keys <= t [of its segment]."""
+def dense_mask(key_mask, segment_ids=None, window=None):
+    """(N,S) key mask [+ segment ids] -> (N,S,S) bool: query t sees real keys <= t [of its segment]
+    [and > t - window]."""
     t = key_mask.shape[-1]
     mask = jnp.tril(jnp.ones((t, t), bool))[None] & key_mask.astype(bool)[:, None, :]
+    if window is not None:
+        mask = mask & (jnp.arange(t)[:, None] - jnp.arange(t)[None, :] < window)[None]
     if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
     return mask
 
 
-def dense_attend(q, k, v, self_mask, prefix=None):
+def soft_cap(scores, cap):
+    """cap * tanh(scores / cap) (Gemma 2's attention and final logits); identity when cap is None."""
+    return scores if cap is None else jnp.tanh(scores / cap) * cap
+
+
+def prefix_positions(pmask):
+    """(B,P) bool -> (B,P) int32: each prefix key's position among its row's real prefix tokens."""
+    return jnp.cumsum(pmask.astype(jnp.int32), axis=-1) - 1
+
+
+def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, window=None, positions=None):
     """Softmax attention over [prefix keys ; self keys] with GQA, softmax in float32.
 
     q (N,S,H,hd); k, v (N,K,Hkv,hd); self_mask (N,S,K) bool.
     prefix: None or (pk, pv, pmask) with pk, pv (B,P,Hkv,hd), pmask (B,P) bool; row n = b*G + g sees
     prompt b. The prompt keys are never copied G times: queries are grouped as (B,G,...) instead.
+    scale, softcap, window as in `attend` (self_mask already holds the window of the self keys).
     Returns (N,S,H,hd).
     """
     n, s, h, hd = q.shape
     kvh = k.shape[2]
     r = h // kvh
-    scale = hd ** -0.5
+    scale = hd ** -0.5 if scale is None else scale
     q = q.reshape(n, s, kvh, r, hd)
-    scores = jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale
+    scores = soft_cap(jnp.einsum("nskrd,ntkd->nkrst", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(self_mask[:, None, None], scores, MASKED_SCORE)
     if prefix is not None:
         pk, pv, pmask = prefix
+        pk_mask = pmask
         b, p = pk.shape[:2]
         qg = q.reshape(b, n // b, s, kvh, r, hd)
-        pscores = jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale
-        pscores = jnp.where(pmask[:, None, None, None, None, :], pscores, MASKED_SCORE)
+        pscores = soft_cap(jnp.einsum("bgskrd,bpkd->bgkrsp", qg, pk, preferred_element_type=jnp.float32) * scale,
+                           softcap)
+        pmask = pmask.astype(bool)[:, None, None, None, None, :]
+        if window is not None:  # (B,G,1,1,S,P): by positions (see `attend`)
+            near = positions.reshape(b, n // b, s)[..., None] - prefix_positions(pk_mask)[:, None, None] < window
+            pmask = pmask & near[:, :, None, None]
+        pscores = jnp.where(pmask, pscores, MASKED_SCORE)
         scores = jnp.concatenate([pscores.reshape(n, kvh, r, s, p), scores], axis=-1)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if prefix is None:

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.decode import decode_layer, decode_weights
-from jaxrl_llm.models.transformer import Decoder, lm_head_weight, rms_norm, rope_cos_sin
+from jaxrl_llm.models.kernels import soft_cap
+from jaxrl_llm.models.transformer import Decoder, embed, lm_head_weight, rms_norm, rope_cos_sin
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -53,7 +54,7 @@ def logits_from_hidden(config: ModelConfig, params, hidden: jax.Array) -> jax.Ar
     w = lm_head_weight(config, params).astype(dt)
     # On flattened rows: XLA:CPU differentiates a 2-D matmul much faster than an N-D one (transformer.Dense).
     logits = jnp.dot(hidden.reshape(-1, hidden.shape[-1]).astype(dt), w, preferred_element_type=jnp.float32)
-    return logits.reshape(*hidden.shape[:-1], w.shape[-1])
+    return soft_cap(logits.reshape(*hidden.shape[:-1], w.shape[-1]), config.final_softcap)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -236,17 +237,21 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     """
     routed = return_routes and config.num_experts > 0
     c = config
-    x = nn.with_logical_constraint(jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(c.dtype)),
-                                   ("batch", "act_embed"))
+    x = nn.with_logical_constraint(embed(c, params["embed"], tokens), ("batch", "act_embed"))
     # The barrier materializes cos/sin once per step: otherwise XLA fuses these transcendentals into every
     # layer's q and k fusions and evaluates them once per head element (~0.34 ms per layer of a 30M model
     # on CPU, 10x the rotation itself; docs/benchmarks.md section 5b).
-    cos, sin = jax.lax.optimization_barrier(tuple(a[:, 0] for a in rope_cos_sin(c, positions[:, None])))
+    cos, sin = rope_cos_sin(c, positions[:, None])
+    if c.local_rope is not None:  # (2,N,1,hd): global then local (Gemma 3)
+        cos_l, sin_l = rope_cos_sin(c, positions[:, None], local=True)
+        cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
+    cos, sin = jax.lax.optimization_barrier((cos[..., 0, :], sin[..., 0, :]))
+    sliding = c.sliding_layers
     if decode_unrolled(c):
         new_cache, experts = [], []
-        for w, layer_cache, layer_prefix in zip(weights, cache, prefix):
+        for l, (w, layer_cache, layer_prefix) in enumerate(zip(weights, cache, prefix)):
             x, layer_cache, *e = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask,
-                                              return_routes=routed)
+                                              sliding=sliding[l], return_routes=routed)
             new_cache.append(layer_cache)
             experts += e
         cache = tuple(new_cache)
@@ -256,9 +261,9 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
             x, cache = carry
             layer, w, pk, pv = xs
             x, cache, *e = decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer,
-                                        return_routes=routed)
+                                        sliding=jnp.asarray(sliding)[layer], return_routes=routed)
             return (x, cache), (e[0] if routed else None)
 
         (x, cache), experts = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))
-    hidden = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps)
+    hidden = rms_norm(x, params["final_norm"]["scale"], c.rms_norm_eps, c.norm_offset)
     return (hidden, cache, experts) if routed else (hidden, cache)

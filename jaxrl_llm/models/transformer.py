@@ -92,9 +92,10 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
     return inv_freq.astype(np.float32), float(attention_factor)
 
 
-def rope_cos_sin(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """positions (N,S) int -> cos, sin (N,S,hd) float32 (the two halves repeat, rotate-half convention)."""
-    inv_freq, scale = rope_inv_freq(config.rope, config.head_dim)
+def rope_cos_sin(config: ModelConfig, positions: jax.Array, local: bool = False) -> tuple[jax.Array, jax.Array]:
+    """positions (N,S) int -> cos, sin (N,S,hd) float32 (the two halves repeat, rotate-half convention).
+    local: the sliding layers' RoPE (`config.local_rope`, Gemma 3)."""
+    inv_freq, scale = rope_inv_freq(config.local_rope if local else config.rope, config.head_dim)
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb) * scale, jnp.sin(emb) * scale
@@ -119,19 +120,40 @@ class RMSNorm(nn.Module):
     eps: float
     axis_name: str = "embed"
     param_dtype: jnp.dtype = jnp.float32
+    offset: float = 0.0  # Gemma: the weight w multiplies as (1 + w), and starts at 0
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        scale = self.param("scale", nn.with_logical_partitioning(init, (self.axis_name,)),
                            (x.shape[-1],), self.param_dtype)
-        return rms_norm(x, scale, self.eps)
+        return rms_norm(x, scale, self.eps, self.offset)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis in float32, then `scale * x.astype(input dtype)` as transformers does."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """RMSNorm over the last axis in float32, then `scale * x.astype(input dtype)` as transformers does;
+    with an offset (Gemma), `(x * (offset + scale)).astype(input dtype)` in float32, as Gemma's norm does."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if offset:
+        return (y * (offset + scale.astype(jnp.float32))).astype(x.dtype)
     return (scale * y.astype(x.dtype)).astype(x.dtype)
+
+
+def activation(config: ModelConfig, gate: jax.Array) -> jax.Array:
+    """The MLP's gate activation: SiLU (SwiGLU) or tanh-approximated GELU (Gemma's GeGLU)."""
+    return nn.gelu(gate, approximate=True) if config.hidden_act == "gelu_tanh" else nn.silu(gate)
+
+
+def layer_window(config: ModelConfig, sliding) -> jax.Array | None:
+    """A layer's window (int32 scalar) from its traced `sliding` flag: the layer kinds share one scanned
+    body, so the window is data, not a static shape. None when the model has no windowed layer."""
+    if not any(config.sliding_layers):
+        return None
+    return jnp.where(sliding, config.sliding_window, FULL_WINDOW).astype(jnp.int32)
+
+
+FULL_WINDOW = 2 ** 30  # the window of a full-attention layer: longer than any sequence
 
 
 class Dense(nn.Module):
@@ -193,35 +215,40 @@ class Block(nn.Module):
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
 
     @nn.compact
-    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask):
+    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding):
         c = self.config
+        off = c.norm_offset
+        norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
+        if c.local_rope is not None:  # cos/sin: (2,N,S,hd), global then local
+            cos, sin = jnp.where(sliding, cos[1], cos[0]), jnp.where(sliding, sin[1], sin[0])
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
         dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name,
                                                                   **lora.dense_kwargs(c, name))
 
-        h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="input_norm")(x)
+        h = norm("input_norm")(x)
         q = dense((c.num_heads, c.head_dim), ("embed", "heads", "head_dim"), c.qkv_bias, "q_proj")(h)
         k = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "k_proj")(h)
         v = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "v_proj")(h)
         if c.qk_norm:
-            q = RMSNorm(c.rms_norm_eps, "head_dim", pdt, name="q_norm")(q)
-            k = RMSNorm(c.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
+            q, k = norm("q_norm", "head_dim")(q), norm("k_norm", "head_dim")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
-        a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block)
-        x = x + dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
+        a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
+                   softcap=c.attn_softcap, window=layer_window(c, sliding), positions=positions)
+        a = dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
+        x = x + (norm("attn_out_norm")(a) if c.sandwich_norm else a)
 
-        h = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="post_attn_norm")(x)
+        h = norm("post_attn_norm")(x)  # the MLP's input norm (Gemma's pre_feedforward_layernorm)
         experts = None
         if c.num_experts:
-            y, experts = MoeMlp(c, name="moe")(h, routes)
-            x = x + y
+            m, experts = MoeMlp(c, name="moe")(h, routes)
         else:
             gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
             up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
-            mid = nn.with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-            x = x + dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+            mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "length", "act_mlp"))
+            m = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+        x = x + (norm("mlp_out_norm")(m) if c.sandwich_norm else m)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         return x, ((k, v) if self.return_kv else None, experts)
 
@@ -254,9 +281,12 @@ class Decoder(nn.Module):
         if self.with_lm_head and not c.tie_word_embeddings:
             self.param("lm_head", nn.with_logical_partitioning(_init(), ("embed", "vocab")),
                        (c.hidden_size, c.vocab_size), pdt)
-        x = jnp.take(embedding, tokens, axis=0).astype(jnp.dtype(c.dtype))
+        x = embed(c, embedding, tokens)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         cos, sin = rope_cos_sin(c, positions)
+        if c.local_rope is not None:
+            cos_l, sin_l = rope_cos_sin(c, positions, local=True)
+            cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
 
         block = Block
         if c.remat != "none":
@@ -264,14 +294,22 @@ class Decoder(nn.Module):
                 raise ValueError(f"model remat={c.remat!r}; expected one of none, {', '.join(_REMAT_POLICIES)}")
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                         in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                                  nn.broadcast, 0),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+        sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
         x, (kv, experts) = layers(c, self.return_kv, name="layers")(x, prefix, routes, cos, sin, mask, segment_ids,
-                                                                     prefix_mask)
-        x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, name="final_norm")(x)
+                                                                     prefix_mask, positions, sliding)
+        x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")(x)
         if self.return_routes:
             return x, kv, experts
         return x, kv
+
+
+def embed(config: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Token embeddings in the compute dtype [times sqrt(hidden) rounded to it, as Gemma does]."""
+    x = jnp.take(embedding, tokens, axis=0).astype(jnp.dtype(config.dtype))
+    return x * jnp.asarray(config.hidden_size ** 0.5, x.dtype) if config.embed_scale else x
 
 
 def lm_head_weight(config: ModelConfig, params) -> jax.Array:

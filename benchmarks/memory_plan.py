@@ -309,7 +309,7 @@ def main(argv=None):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax
-    from common import markdown_table, update_markdown
+    from harness.report import markdown_table, update_markdown
 
     mc = model_config(args)
     devices = jax.devices()

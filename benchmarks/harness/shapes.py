@@ -168,3 +168,12 @@ def length_summary(lengths) -> dict:
     x = np.asarray(lengths)
     return {"min": int(x.min()), "p10": float(np.percentile(x, 10)), "median": float(np.median(x)),
             "p90": float(np.percentile(x, 90)), "max": int(x.max()), "mean": float(x.mean()), "sum": int(x.sum())}
+
+
+def hf_dict(size: ModelSize, *, max_positions: int = 32768) -> dict:
+    """`size` as the config.json fields `config_from_hf_dict` reads (memory_plan.py plans from shapes alone)."""
+    return {"model_type": size.model_type, "vocab_size": size.vocab_size, "hidden_size": size.hidden_size,
+            "intermediate_size": size.intermediate_size, "num_hidden_layers": size.num_layers,
+            "num_attention_heads": size.num_heads, "num_key_value_heads": size.num_kv_heads,
+            "rms_norm_eps": size.rms_norm_eps, "max_position_embeddings": max_positions, "rope_theta": size.rope_theta,
+            "tie_word_embeddings": size.tie_word_embeddings, "hidden_act": "silu", "eos_token_id": 1}

@@ -138,3 +138,40 @@ def test_pg_pass_script_runs_at_toy_size():
     assert "| 32 | 1 | blockwise |" in proc.stdout and "| 16 | 2 | auto (= xla) |" in proc.stdout
     assert "| blockwise |" in proc.stdout.split("target <= 1.5")[1]
     assert "| packed |" in proc.stdout and "speed-up packed/padded" in proc.stdout
+
+
+def test_benchmark_scripts_import_only_the_harness():
+    """No circles: a script never imports another script, the harness never imports a script, and no file
+    of benchmarks/ is over 400 lines."""
+    import ast
+    bench = os.path.join(ROOT, "benchmarks")
+    scripts = {f[:-3] for f in os.listdir(bench) if f.endswith(".py")}
+    files = [os.path.join(bench, f) for f in os.listdir(bench) if f.endswith(".py")]
+    files += [os.path.join(bench, "harness", f) for f in os.listdir(os.path.join(bench, "harness")) if f.endswith(".py")]
+    allowed = {"gpu_suite.py": {"gpu_report", "gpu_stages"}, "gpu_stages.py": {"grpo_iteration", "memory_plan"}}  # the suite runs scripts
+    for path in files:
+        with open(path) as f:
+            text = f.read()
+        assert text.count("\n") <= 400, f"{path} has {text.count(chr(10))} lines"
+        imported = {n.module.split(".")[0] for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name.split(".")[0] for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+        bad = (imported & scripts) - allowed.get(os.path.basename(path), set())
+        assert not bad, f"{path} imports the scripts {sorted(bad)}: shared code belongs in benchmarks/harness"
+
+
+@pytest.mark.parametrize("name,published", [("135M", 134_515_008), ("0.5B", 494_032_768), ("1.5B", 1_543_714_304)])
+def test_real_shapes_have_the_published_parameter_counts(name, published):
+    """The real shapes written in the harness give the checkpoints' parameter counts, in transformers (built
+    on the meta device: no memory) and in our config."""
+    import torch
+    from harness import shapes
+    from transformers import AutoModelForCausalLM
+
+    from jaxrl_llm.models.config import config_from_hf_dict
+    size = shapes.size_of(name)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(shapes.hf_config(size, max_positions=256))
+    assert sum(p.numel() for p in hf.parameters()) == published
+    assert config_from_hf_dict(shapes.hf_dict(size), source="test").num_params() == published
+    with pytest.raises(ValueError, match="--size"):
+        shapes.size_of("7B")

@@ -120,10 +120,10 @@ def report(results, args, peak) -> str:
                      r["jax_tps"], r["hf_tps"], f"**{r['ratio']:.2f}x**", f">= {TARGETS.get(r['name'], 0):g}x",
                      f"{r['flops'] / tm['jax'].median / peak:.0%}", f"{r['flops'] / tm['hf'].median / peak:.0%}",
                      tm["prefill"].median * 1e3, r["step_ms"], tm["jax"].warmup, tm["hf"].warmup,
-                     f"{r['logp_gap']:.0e}", r["load"]])
+                     r["load"], f"{r['logp_gap']:.0e}"])
     table = markdown_table(["model", "params", "ours ms", "HF ms", "ours tok/s", "HF tok/s", "ratio", "target",
                             "ours % peak", "HF % peak", "ours prefill ms", "ours ms/step", "ours compile s",
-                            "HF warm-up s", "logp gap", "load average after"], rows)
+                            "HF warm-up s", "load average after", "logp gap"], rows)
     g, b, t = args.group, args.batch, args.new_tokens
     grows = []
     for r in (r for r in results if "group" in r):

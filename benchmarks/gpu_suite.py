@@ -98,6 +98,8 @@ def run_suite(stages, plan: str, budget: float, sampler_sizes: str = "") -> dict
         print(f"\n===== {name} ({left:.0f} s left)", flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = MEM_FRACTION.get(name, "0.9")
+        if name == "grpo":  # the stage's process and our trainer's worker both use the card: no preallocation
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, env.get("PYTHONPATH", "")) if x)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "result.json")

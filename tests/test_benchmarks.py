@@ -94,7 +94,7 @@ def test_grpo_iteration_script_runs_ours_at_toy_size(tmp_path):
     out = tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_iteration.py"), "--toy",
                            "--frameworks", "ours", "--stages", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     block = out.read_text().split("<!-- grpo-iteration-results:begin -->")[1].split("<!-- grpo-iteration-results:end -->")[0]
     row = next(line for line in block.splitlines() if line.startswith("| jaxrl_llm |")).strip("| ").split(" | ")

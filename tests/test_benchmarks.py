@@ -98,7 +98,8 @@ def test_grpo_iteration_script_runs_ours_at_toy_size(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     block = out.read_text().split("<!-- grpo-iteration-results:begin -->")[1].split("<!-- grpo-iteration-results:end -->")[0]
     row = next(line for line in block.splitlines() if line.startswith("| jaxrl_llm |")).strip("| ").split(" | ")
-    assert float(row[3]) > 0 and float(row[6]) >= 1.0  # an iteration takes time, never less than its roofline
+    num = lambda x: float(x.replace(",", ""))  # markdown_table writes 1,234
+    assert num(row[3]) > 0 and num(row[6]) >= 1.0  # an iteration takes time, never less than its roofline
     assert "| update (fwd + bwd + AdamW) |" in block
 
 

@@ -149,8 +149,8 @@ def main():
     text = curves(args) if args.curves else timeline(args)
     if args.out:
         sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-        import common
-        common.update_markdown(args.out, "async-curves" if args.curves else "async-timeline", text)
+        from harness.report import update_markdown
+        update_markdown(args.out, "async-curves" if args.curves else "async-timeline", text)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_description, markdown_table, time_interleaved  # noqa: E402
+from harness.report import machine_description, markdown_table  # noqa: E402
+from harness.timing import time_interleaved  # noqa: E402
 
 from jaxrl_llm.models.kernels import attend  # noqa: E402
 

@@ -40,7 +40,8 @@ sys.path.insert(0, HERE)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from common import ModelSize, machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.report import machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.shapes import ModelSize  # noqa: E402
 
 FUNCTIONS = ("generate", "score", "prepare", "update")
 TARGET = 1.3  # issue 9: deepest / shallowest compile time
@@ -50,7 +51,7 @@ def measure_depth(layers: int, args) -> dict:
     """Trace + lower and compile seconds of each jitted function of one iteration at `layers` layers, and
     the first `train_step`'s extra wall time. Returns {'layers', 'decode', 'functions': {name: {'lower',
     'compile'}}, 'first_step_extra', 'steady_step'}."""
-    from mfu import build_trainer, close_trainer, device_batch
+    from harness.grpo import build_trainer, close_trainer, device_batch
 
     from jaxrl_llm import sampling, sharding
     from jaxrl_llm.models.lm import decode_unrolled

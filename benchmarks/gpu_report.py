@@ -5,7 +5,7 @@ and returns the text of the `gpu-suite-results` block; a stage that did not fini
 """
 from __future__ import annotations
 
-from common import markdown_table
+from harness.report import markdown_table  # noqa: E402
 
 GIB = 2 ** 30
 

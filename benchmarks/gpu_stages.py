@@ -12,64 +12,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# Shapes of the real Qwen2.5 checkpoints (tied embeddings), random weights: (vocab, hidden, mlp, layers, heads, kv).
-SHAPES = {"0.5B": (151936, 896, 4864, 24, 14, 2), "1.5B": (151936, 1536, 8960, 28, 12, 2),
-          "toy": (512, 64, 128, 2, 4, 2)}
+
 
 def model_size(name: str):
-    from common import ModelSize
-    v, h, m, layers, heads, kv = SHAPES[name]
-    return ModelSize(name, vocab_size=v, hidden_size=h, intermediate_size=m, num_layers=layers, num_heads=heads,
-                     num_kv_heads=kv, tie_word_embeddings=True)
-
-
-# ------------------------------------------------------------------------------ pure helpers (tested)
-def eos_set_for_median(mass, median: float, *, exclude=(0,)) -> list[int]:
-    """The smallest set of token ids whose mean next-token probability gives a geometric length with the
-    given median: per-step stop probability h = 1 - 2**(-1/median), and the ids are taken in order of
-    `mass` (mean probability of each id over many contexts, shape (V,)) closest to uniform first, so that
-    no single id dominates. Returns sorted ids, never one in `exclude` (the pad id)."""
-    import numpy as np
-    mass = np.asarray(mass, np.float64)
-    if median < 1:
-        raise ValueError(f"median must be >= 1 token, got {median}")
-    hazard = 1.0 - 2.0 ** (-1.0 / median)
-    order = [i for i in np.argsort(np.abs(mass - np.median(mass)), kind="stable") if i not in set(exclude)]
-    total = np.cumsum(mass[order])
-    k = int(np.searchsorted(total, hazard)) + 1
-    if k > len(order):
-        raise ValueError(f"no set of ids reaches a stop probability of {hazard:.3g} per step")
-    return sorted(int(i) for i in order[:k])
-
-
-def completion_lengths(tokens, stop_ids, cap: int):
-    """(rows,) lengths of completions (rows, T) ending at the first id of `stop_ids` (counted), else `cap`."""
-    import numpy as np
-    tokens = np.asarray(tokens)
-    hit = np.isin(tokens, np.asarray(sorted(stop_ids)))
-    first = np.where(hit.any(1), hit.argmax(1) + 1, min(cap, tokens.shape[1]))
-    return np.minimum(first, cap)
-
-
-def length_summary(lengths) -> dict:
-    import numpy as np
-    x = np.asarray(lengths)
-    return {"min": int(x.min()), "p10": float(np.percentile(x, 10)), "median": float(np.median(x)),
-            "p90": float(np.percentile(x, 90)), "max": int(x.max()), "mean": float(x.mean()), "sum": int(x.sum())}
+    """The suite's shapes (harness/shapes.py): the real Qwen2.5-0.5B and 1.5B, and a toy for the dry run."""
+    from harness.shapes import size_of
+    return size_of({"toy": "gpu-toy"}.get(name, name))
 
 
 # ------------------------------------------------------------------------------------- stage helpers
-def once(fn, sync) -> tuple[float, object]:
-    """(seconds, output) of one synchronized call."""
-    t0 = time.perf_counter()
-    out = sync(fn())
-    return time.perf_counter() - t0, out
-
-
 def random_checkpoint(path: str, name: str, dtype: str, max_positions: int):
     """A random checkpoint of shape `name` written by `save_hf` in `dtype`, loaded back: (config, params)."""
     import jax
-    from mfu import save_random_checkpoint
+    from harness.shapes import save_random_checkpoint
 
     from jaxrl_llm.models import load_hf
     save_random_checkpoint(path, model_size(name), max_positions=max_positions)
@@ -97,7 +52,7 @@ def torch_sync(x):
 
 # ------------------------------------------------------------------------------------------- stages
 def stage_env(p) -> dict:
-    from common import matmul_peak_flops
+    from harness.timing import matmul_peak_flops
     import flax
     import jax
     import jax.numpy as jnp
@@ -196,7 +151,7 @@ def identity(p, config, params, dtype: str) -> float:
     """Max |sampler log-prob - trainer log-prob| over a rollout, the model computing in `dtype`."""
     import jax
     import numpy as np
-    from sampler import logp_gap
+    from harness.sampling import logp_gap
 
     from jaxrl_llm.sampling import generate
     config = config.replace(dtype=dtype)
@@ -210,7 +165,7 @@ def identity(p, config, params, dtype: str) -> float:
 
 
 def stage_correctness(p, budget: float) -> dict:
-    from common import build_models
+    from harness.shapes import build_models
     out = {}
     if p["pytest"]:
         out["pytest"] = run_pytest(min(budget / 3, 100))
@@ -232,6 +187,8 @@ def sample_size(p, name: str, device: str) -> dict:
     import numpy as np
     import torch
 
+    from harness.shapes import completion_lengths, eos_set_for_median, length_summary
+    from harness.timing import once
     from jaxrl_llm.models import forward
     from jaxrl_llm.sampling import generate
     B, G, P, T = p["sampler_prompts"], p["sampler_group"], p["sampler_prompt"], p["sampler_new"]
@@ -298,10 +255,11 @@ def stage_sampler(p) -> dict:
 
 
 def stage_update(p) -> dict:
-    from common import matmul_peak_flops
+    from harness.timing import matmul_peak_flops
     import jax
     import jax.numpy as jnp
-    from mfu import build_trainer, measure_update, update_flops
+    from harness.flops import update_flops
+    from harness.grpo import build_trainer, measure_update
 
     from jaxrl_llm.metrics import peak_flops
     on_cpu = jax.default_backend() == "cpu"
@@ -346,7 +304,7 @@ def stage_memory(p) -> dict:
     import jax
     import jax.numpy as jnp
     import memory_plan
-    from mfu import build_trainer, update_batch
+    from harness.grpo import build_trainer, update_batch
 
     m = p["memory"]
     on_cpu = jax.default_backend() == "cpu"

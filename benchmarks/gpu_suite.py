@@ -42,7 +42,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from gpu_report import render  # noqa: E402
-from gpu_stages import SHAPES  # noqa: E402
 STAGES = ("env", "correctness", "sampler", "update", "grpo", "memory")
 PLANS = {
     "full": dict(parity="0.5B", parity_rows=4, parity_len=256, identity_rows=32, identity_prompt=64,
@@ -99,6 +98,8 @@ def run_suite(stages, plan: str, budget: float, sampler_sizes: str = "") -> dict
         print(f"\n===== {name} ({left:.0f} s left)", flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = MEM_FRACTION.get(name, "0.9")
+        if name == "grpo":  # the stage's process and our trainer's worker both use the card: no preallocation
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, env.get("PYTHONPATH", "")) if x)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "result.json")
@@ -146,7 +147,7 @@ def parse_args(argv=None):
     ap.add_argument("--json", default="", help="write the results to this JSON file")
     ap.add_argument("--markdown", default="", help="markdown file whose gpu-suite-results block is written")
     ap.add_argument("--render", default="", help="only render these results JSON files (comma-separated) into --markdown")
-    ap.add_argument("--sampler-sizes", default="", help=f"comma-separated, of {', '.join(SHAPES)}: the sampler "
+    ap.add_argument("--sampler-sizes", default="", help="comma-separated, of 0.5B, 1.5B, toy: the sampler "
                     "stage's models instead of the plan's")
     ap.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     ap.add_argument("--plan", choices=list(PLANS), default="full", help=argparse.SUPPRESS)
@@ -180,7 +181,7 @@ def main(argv=None):
     text = render(results)
     print("\n" + text)
     if args.markdown:
-        from common import update_markdown
+        from harness.report import update_markdown
         update_markdown(args.markdown, "gpu-suite-results", text)
     return results
 

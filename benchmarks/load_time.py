@@ -109,7 +109,8 @@ def main(argv=None):
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     sys.path.insert(0, HERE)
-    from common import machine_description, markdown_table, time_interleaved, update_markdown
+    from harness.report import machine_description, markdown_table, update_markdown
+    from harness.timing import time_interleaved
 
     rows, results = [], []
     with tempfile.TemporaryDirectory(prefix="load-bench-") as tmp:

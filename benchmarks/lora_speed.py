@@ -15,29 +15,19 @@ Prints milliseconds per call and the ratios merged / unmerged (> 1: unmerged is 
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.models import ModelConfig, completion_hidden, init_params, logprobs_from_hidden, lora
-from jaxrl_llm.models import lm
-from jaxrl_llm.sampling import generate
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness.timing import time_interleaved  # noqa: E402
 
-
-def interleaved_ms(fns: dict, repeats: int) -> dict:
-    """Median milliseconds per call of each function, called in turn (round robin) so that a load
-    change on a shared machine hits every variant alike; each compiled first."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * float(np.median(v)) for k, v in times.items()}
+from jaxrl_llm.models import ModelConfig, completion_hidden, init_params, logprobs_from_hidden, lora  # noqa: E402
+from jaxrl_llm.models import lm  # noqa: E402
+from jaxrl_llm.sampling import generate  # noqa: E402
 
 
 def main():
@@ -78,10 +68,13 @@ def main():
     lm.DECODE_UNROLL_MAX_LAYERS = 0  # the scanned decode of large models (new configs: no cached program)
     scan_mc = mc.replace(logits_chunk=mc.logits_chunk + 1)
     merge = jax.jit(lambda p: lora.merge(scan_mc, p))
-    ms = interleaved_ms({"update unmerged": lambda: grads[False](adapters), "update merged": lambda: grads[True](adapters),
-                         "unrolled": lambda: sample(mc, policy), "unrolled base": lambda: sample(base_mc, base),
-                         "scanned unmerged": lambda: sample(scan_mc, policy),
-                         "scanned merged": lambda: sample(lora.base_config(scan_mc), merge(policy))}, args.repeats)
+    # Side by side (round robin), each compiled first: medians in ms.
+    timings = time_interleaved({
+        "update unmerged": lambda i: grads[False](adapters), "update merged": lambda i: grads[True](adapters),
+        "unrolled": lambda i: sample(mc, policy), "unrolled base": lambda i: sample(base_mc, base),
+        "scanned unmerged": lambda i: sample(scan_mc, policy),
+        "scanned merged": lambda i: sample(lora.base_config(scan_mc), merge(policy))}, repeats=args.repeats)
+    ms = {k: 1e3 * t.median for k, t in timings.items()}
     upd = {False: ms["update unmerged"], True: ms["update merged"]}
     unrolled, scanned, scanned_merged = ms["unrolled"], ms["scanned unmerged"], ms["scanned merged"]
     print(f"model: hidden {h}, {args.layers} layers, LoRA r={args.rank} on every projection; "

@@ -101,9 +101,13 @@ MISTRAL_7B = {
     "max_position_embeddings": 32768, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
     "eos_token_id": 2,
 }
-MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B,
-          "qwen3-30b-a3b": QWEN3_30B_A3B, "toy": TOY, "gemma2-9b": GEMMA2_9B, "gemma3-4b": GEMMA3_4B,
-          "mistral-7b": MISTRAL_7B}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness.shapes import SIZES, hf_dict  # noqa: E402  (no jax: XLA_FLAGS are set below before it starts)
+
+MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY,
+          "smollm2-135m": hf_dict(SIZES["135M"]), "qwen2.5-0.5b": hf_dict(SIZES["0.5B"]),
+          "qwen3-30b-a3b": QWEN3_30B_A3B, "gemma2-9b": GEMMA2_9B, "gemma3-4b": GEMMA3_4B, "mistral-7b": MISTRAL_7B}
+BY_SIZE = {"135M": "smollm2-135m", "0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "toy": "toy"}  # --size
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 
@@ -111,6 +115,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--meshes", default=DEFAULT_MESHES, help="comma-separated DATAxFSDPxTENSOR meshes")
     p.add_argument("--model", choices=list(MODELS), default="qwen2.5-7b", help="the model's shapes")
+    p.add_argument("--size", choices=list(BY_SIZE), default="",
+                   help="the benchmarks' shape names (harness/shapes.py) for --model: 135M, 0.5B, 1.5B, toy")
     p.add_argument("--algo", default="grpo", help="config preset (ppo adds a value model)")
     p.add_argument("--batch_prompts", type=int, default=64, help="prompts per RL step (B)")
     p.add_argument("--group_size", type=int, default=8, help="completions per prompt (G)")
@@ -136,6 +142,8 @@ def parse_args(argv=None):
     p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
     p.add_argument("--json", default="", help="also write the per-chip bytes of every mesh to this JSON file")
     args = p.parse_args(argv)
+    if args.size:
+        args.model = BY_SIZE[args.size]
     if args.toy:
         args.model = "toy"
         args.batch_prompts, args.group_size, args.prompt_length, args.new_tokens = 4, 2, 8, 8
@@ -356,7 +364,7 @@ def main(argv=None):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax
-    from common import markdown_table, update_markdown
+    from harness.report import markdown_table, update_markdown
 
     mc = model_config(args)
     devices = jax.devices()

@@ -21,7 +21,7 @@ token at position i. Work the program does on top (the dense attention squares, 
 log-prob chunk padding, the LM head recomputed by the chunked log-prob's checkpoint, remat) is reported as
 "executed" FLOPs but never counted as useful.
 
-Peak. On CPU: a jitted 2048x2048 float32 matmul measured in the same run (`common.matmul_peak_flops`). On
+Peak. On CPU: a jitted 2048x2048 float32 matmul measured in the same run (`harness.timing.matmul_peak_flops`). On
 TPU/GPU: the chip's dense bfloat16 datasheet peak (`jaxrl_llm.metrics.PEAK_FLOPS` by `device_kind`; H100
 means SXM) and the compute dtype defaults to bfloat16; the measured matmul peak is printed beside it.
 
@@ -34,8 +34,6 @@ AdamW step, and each matmul shape of the model alone (what these shapes can reac
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import tempfile
@@ -46,146 +44,16 @@ sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-from common import (ModelSize, machine_description, markdown_table, matmul_peak_flops,  # noqa: E402
-                    time_interleaved, update_markdown)
+from harness.flops import update_flops  # noqa: E402
+from harness.grpo import build_trainer, measure_update, update_batch  # noqa: E402
+from harness.report import machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.shapes import SIZES  # noqa: E402
+from harness.timing import matmul_peak_flops  # noqa: E402
 
-from jaxrl_llm import sharding  # noqa: E402
-from jaxrl_llm.metrics import flops_per_token, peak_flops  # noqa: E402
+from jaxrl_llm.metrics import peak_flops  # noqa: E402
 
-SIZES = {
-    # As benchmarks/sampler.py's 30M: 30.4M parameters, untied LM head.
-    "30M": ModelSize("30M", vocab_size=16384, hidden_size=384, intermediate_size=1536, num_layers=8,
-                     num_heads=6, num_kv_heads=2),
-    "toy": ModelSize("toy", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                     num_kv_heads=2),
-}
 TARGET = 0.40  # issue 9: MFU of the update on CPU against the measured matmul peak
-
-
-# ------------------------------------------------------------------------------------------- FLOPs
-def update_flops(config, batch: int, group: int, prompt_len: int, new_tokens: int, *, logits_chunk: int = 0,
-                 remat: str = "none") -> dict[str, float]:
-    """FLOPs of one policy update (forward + backward) on B prompts of P tokens x G completions of T tokens.
-
-    Useful (model) FLOPs: 3x a forward (backward = 2x forward: gradients of activations and of weights)
-    of the minimal work -- the blocks on the B*P prompt tokens (once per prompt) and on completion tokens
-    0..T-2 of the N = B*G rows (token T-1 predicts nothing), the LM head on the N*T completion positions.
-    A token at position i attends to i+1 keys. `flops_per_token` counts 2 per weight of the blocks (and
-    the LM head) plus 4*H*hd per key and layer.
-
-    Executed FLOPs: what the trainer's program computes: dense (unmasked-square) attention over all P
-    prompt keys and all T completion keys, all T completion tokens through the blocks, the LM head on T
-    padded to equal chunks of at most `logits_chunk` (0: no chunking), that padded head's forward once more in
-    the backward (the chunked log-prob is a `jax.checkpoint`), and with `remat` the blocks' forward
-    again ('full') or the attention's batched matmuls again ('dots' saves only unbatched matmuls).
-
-    Returns {'blocks_fwd', 'head_fwd', 'forward', 'useful', 'executed'} (useful = 3 * forward).
-    """
-    B, G, P, T = batch, group, prompt_len, new_tokens
-    if min(B, G, P, T) < 1:
-        raise ValueError(f"batch, group, prompt_len and new_tokens must be >= 1, got {B}, {G}, {P}, {T}")
-    if remat not in ("none", "full", "dots"):
-        raise ValueError(f"remat must be none, full or dots, got {remat!r}")
-    c, N = config, B * G
-
-    def blocks(rows, start, stop):
-        """Block FLOPs of `rows` sequences' tokens at positions start..stop-1: attention is linear in
-        the context, so the mean context (start+1 + stop)/2 times the count is exact."""
-        count = stop - start
-        return 0.0 if count <= 0 else rows * count * flops_per_token(c, (start + stop + 1) / 2, lm_head=False)
-
-    head_per_token = 2.0 * c.hidden_size * c.vocab_size
-    blocks_fwd = blocks(B, 0, P) + blocks(N, P, P + T - 1)
-    head_fwd = head_per_token * N * T
-
-    weights_per_token = flops_per_token(c, 0, lm_head=False)
-    attn_per_key = 4.0 * c.num_layers * c.num_heads * c.head_dim
-    exec_attention = attn_per_key * (B * P * P + N * T * (P + T))
-    exec_blocks = weights_per_token * (B * P + N * T) + exec_attention
-    chunks = 1 if logits_chunk <= 0 else math.ceil(T / logits_chunk)
-    padded_t = chunks * math.ceil(T / chunks)  # lm.logprobs_from_hidden: equal chunks of <= logits_chunk
-    exec_head = head_per_token * N * padded_t
-    recompute = {"none": 0.0, "full": exec_blocks, "dots": exec_attention}[remat]
-    executed = 3 * (exec_blocks + exec_head) + exec_head + recompute
-    return {"blocks_fwd": blocks_fwd, "head_fwd": head_fwd, "forward": blocks_fwd + head_fwd,
-            "useful": 3 * (blocks_fwd + head_fwd), "executed": executed}
-
-
-# ------------------------------------------------------------------------------------ trainer setup
-def save_random_checkpoint(path: str, size: ModelSize, *, max_positions: int, seed: int = 0):
-    """A random checkpoint of `size` (HF layout, via `save_hf`; no torch needed). Returns its ModelConfig."""
-    from jaxrl_llm.models import ModelConfig, init_params, save_hf
-    config = ModelConfig(model_type=size.model_type, vocab_size=size.vocab_size, hidden_size=size.hidden_size,
-                         intermediate_size=size.intermediate_size, num_layers=size.num_layers,
-                         num_heads=size.num_heads, num_kv_heads=size.num_kv_heads,
-                         head_dim=size.hidden_size // size.num_heads, max_position_embeddings=max_positions,
-                         tie_word_embeddings=size.tie_word_embeddings, qkv_bias=size.model_type == "qwen2",
-                         pad_token_id=0)
-    # Jitted: flax's init run eagerly compiles every op on its own (seconds at any size).
-    save_hf(path, config, jax.jit(lambda key: init_params(config, key))(jax.random.PRNGKey(seed)))
-    return config
-
-
-def build_trainer(workspace: str, size: ModelSize, *, batch: int, group: int, prompt_len: int, new_tokens: int,
-                  compute_dtype: str = "float32", remat: str = "none", logits_chunk: int = 128, run: str = "run",
-                  param_dtype: str = "float32", grad_accum: int = 1):
-    """A GRPO `Trainer` (benchmarks/grpo_iteration.py's config) on a random checkpoint of `size`, written
-    under `workspace` on first use (model/, tokenizer/, prompts.jsonl of `prompt_len` words). `run` names
-    the workdir (one per set of execution settings: a workdir refuses another config)."""
-    from grpo_iteration import make_tokenizer, ours_config
-
-    from jaxrl_llm.trainer import Trainer
-    if not os.path.exists(os.path.join(workspace, "prompts.jsonl")):
-        save_random_checkpoint(os.path.join(workspace, "model"), size, max_positions=prompt_len + new_tokens)
-        make_tokenizer(size.vocab_size).save_pretrained(os.path.join(workspace, "tokenizer"))
-        rng = np.random.default_rng(0)
-        with open(os.path.join(workspace, "prompts.jsonl"), "w") as f:
-            for _ in range(4 * batch):
-                f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in rng.integers(2, size.vocab_size, prompt_len))})
-                        + "\n")
-    c = ours_config(workspace, argparse.Namespace(prompt_len=prompt_len, batch=batch, group=group,
-                                                  new_tokens=new_tokens))
-    c.model.compute_dtype, c.model.remat, c.model.logits_chunk = compute_dtype, remat, logits_chunk
-    c.model.dtype, c.train.grad_accum = param_dtype, grad_accum
-    return Trainer(c, os.path.join(workspace, run))
-
-
-def device_batch(trainer, seed: int = 0) -> dict:
-    """The host rows of a rollout in which every completion runs to T tokens, as `Rollouts.device_batch` puts
-    them on the devices (no reference log-probs or advantages yet). Executes nothing."""
-    c, mc = trainer.c, trainer.mc
-    B, G, P, T = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.rollout.max_new_tokens
-    N = B * G
-    rng = np.random.default_rng(seed)
-    local = {"prompt_tokens": rng.integers(2, mc.vocab_size, (B, P)), "prompt_mask": np.ones((B, P), np.int32),
-             "tokens": rng.integers(2, mc.vocab_size, (N, T)), "mask": np.ones((N, T), np.int32),
-             "sampler_logp": np.full((N, T), -math.log(mc.vocab_size), np.float32),
-             "behavior_logp": np.full((N, T), -math.log(mc.vocab_size), np.float32),
-             "lengths": np.full(N, T), "truncated": np.ones(N, bool), "scores": rng.random(N).astype(np.float32),
-             "valid": np.ones(N, np.float32)}
-    return trainer.rollouts.device_batch(local)
-
-
-def update_batch(trainer, state, seed: int = 0) -> dict:
-    """The update's batch as `Trainer.train_step` builds it: reference log-probs (`fns.score`), the
-    policy's own log-probs as the sampler's (ratios 1), correction and advantages (`fns.prepare`)."""
-    b = device_batch(trainer, seed)
-    ref = state.ref_params if state.ref_params is not None else trainer.frozen_ref
-    with sharding.use_mesh(trainer.mesh):
-        b.update(trainer.fns.score(state, ref, b))
-        if "ref_logp" in b:  # the reference is the initial policy: its log-probs are the sampler's
-            b["sampler_logp"] = b["behavior_logp"] = b["ref_logp"]
-        b.setdefault("old_logp", b["behavior_logp"])
-        b.update(trainer.fns.prepare(b, state.kl.value)[0])
-    return b
-
-
-def close_trainer(trainer) -> None:
-    """Stops the trainer's checkpointer and metric writer threads (nothing was written to them)."""
-    trainer.ckpt.close()
-    trainer.writer.close()
 
 
 # ------------------------------------------------------------------------------------- measurement
@@ -244,25 +112,6 @@ def shape_fns(config, tokens: int, dtype) -> dict:
         f = jax.jit(lambda a, b_: jnp.dot(a, b_, preferred_element_type=jnp.float32))
         out[f"matmul {name} ({m}x{k} . {k}x{n})"] = (lambda i_, f=f, x=x, w=w: f(x, w), 2.0 * m * k * n, count)
     return out
-
-
-def measure_update(trainer, *, repeats: int, extra: dict | None = None):
-    """Times the trainer's update (donating its state each call) side by side with `extra` functions.
-    Returns (update Timing, {name: Timing})."""
-    state = trainer.state
-    b = update_batch(trainer, state)
-    pidx = jnp.arange(trainer.c.rollout.batch_prompts)
-    holder = {"state": state}
-
-    def update(_i):
-        with sharding.use_mesh(trainer.mesh):
-            holder["state"], metrics = trainer.fns.update(holder["state"], b, pidx)
-        return holder["state"].params, metrics
-
-    timings = time_interleaved({"update": update, **(extra or {})}, repeats=repeats, warmup=1)
-    trainer.state = holder["state"]
-    close_trainer(trainer)
-    return timings.pop("update"), timings
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -11,7 +11,7 @@ An episode: a P-token prompt, then K turns of up to T model tokens (sampled at t
 full distribution; the stop id is the last of the vocabulary, drawn with probability ~1/V, so turns run
 to their budget) each followed by an O-token observation (random ids, the same for every side). Every
 side decodes the same token counts; model tokens/s = the model tokens of the timed calls over their time.
-Calls alternate (`common.time_interleaved`); the first call (compilation) is excluded. transformers runs
+Calls alternate (`harness.timing.time_interleaved`); the first call (compilation) is excluded. transformers runs
 at each `--threads` count and the ratio is taken against its fastest.
 """
 from __future__ import annotations
@@ -25,8 +25,10 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, machine_description, markdown_table, time_interleaved, update_markdown  # noqa: E402
-from sampler import SIZES, hf_with_threads  # noqa: E402
+from harness.peers import hf_with_threads  # noqa: E402
+from harness.report import machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.shapes import SIZES, build_models  # noqa: E402
+from harness.timing import time_interleaved  # noqa: E402
 
 from jaxrl_llm.data.padding import left_pad  # noqa: E402
 from jaxrl_llm.models import token_logprobs  # noqa: E402

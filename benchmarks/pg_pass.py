@@ -11,7 +11,7 @@ token (LM head included) plus causal attention, 4·heads·head_dim per (query, v
 (`jaxrl_llm.metrics.flops_per_token`; a token at position i sees i+1 keys). Memory: the compiled
 program's `memory_analysis().temp_size_in_bytes` (what XLA allocates besides arguments and outputs; the
 arguments, parameters and tokens, are the same at every T). The machine's float32 matmul peak is measured
-in the same run (`common.matmul_peak_flops`). Timings are medians of interleaved repeats, first call
+in the same run (`harness.timing.matmul_peak_flops`). Timings are medians of interleaved repeats, first call
 (compilation) excluded. `auto` is not timed separately: it compiles to the implementation named beside it.
 The dense path at T = 8192 is compiled (for its memory) but not run: its (heads, T, T) float32 scores
 make one call take minutes on a 2-core machine.
@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_description, markdown_table, matmul_peak_flops, time_interleaved  # noqa: E402
+from harness.report import machine_description, markdown_table  # noqa: E402
+from harness.timing import matmul_peak_flops, time_interleaved  # noqa: E402
 
 from jaxrl_llm.metrics import flops_per_token  # noqa: E402
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, token_logprobs  # noqa: E402

@@ -29,85 +29,21 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (ModelSize, build_models, machine_description, markdown_table, matmul_peak_flops,  # noqa: E402
-                    time_interleaved, update_markdown, wait_for_idle)
+from harness.flops import decode_flops_per_token  # noqa: E402
+from harness.peers import hf_generate, hf_with_threads  # noqa: E402
+from harness.report import load_average, machine_description, markdown_table, save_json, update_markdown  # noqa: E402
+from harness.sampling import full_length, jax_generate, logp_gap  # noqa: E402
+from harness.shapes import SIZES, ModelSize, build_models  # noqa: E402
+from harness.timing import matmul_peak_flops, peak_rss_gib, time_interleaved, wait_for_idle  # noqa: E402
 
-from jaxrl_llm.models import token_logprobs  # noqa: E402
 from jaxrl_llm.models.lm import logits_from_hidden, prefill  # noqa: E402
-from jaxrl_llm.sampling import generate  # noqa: E402
 
-SIZES = {
-    "3M": ModelSize("3M", vocab_size=8192, hidden_size=128, intermediate_size=512, num_layers=4, num_heads=4,
-                    num_kv_heads=2),
-    "30M": ModelSize("30M", vocab_size=16384, hidden_size=384, intermediate_size=1536, num_layers=8,
-                     num_heads=6, num_kv_heads=2),
-    "toy": ModelSize("toy", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                     num_kv_heads=2),
-}
-TARGETS = {"3M": 5.0, "30M": 2.0}  # issue 3: minimum speed-up over transformers
-
-
-def flops_per_token(config, context: float) -> float:
-    """Forward FLOPs of one token: 2 per weight of the blocks and the LM head (the embedding is a gather)
-    plus attention scores and weighted values over `context` keys (2 * 2 * H * hd per key and layer)."""
-    weights = config.num_params() - config.vocab_size * config.hidden_size * (
-        0 if config.tie_word_embeddings else 1)
-    return 2.0 * weights + 4.0 * config.num_layers * config.num_heads * config.head_dim * context
-
-
-def hf_generate(model, prompts, mask, max_new_tokens, seed, num_return_sequences=1):
-    """transformers sampling from the full distribution; returns the (rows, P+T) output ids."""
-    import torch
-    torch.manual_seed(seed)
-    with torch.inference_mode():
-        out = model.generate(input_ids=torch.as_tensor(prompts, dtype=torch.long),
-                             attention_mask=torch.as_tensor(mask, dtype=torch.long), do_sample=True,
-                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                             num_return_sequences=num_return_sequences, pad_token_id=0)
-    rows = prompts.shape[0] * num_return_sequences
-    if tuple(out.shape) != (rows, prompts.shape[1] + max_new_tokens):  # HF stopped early: not comparable
-        raise RuntimeError(f"transformers generated shape {tuple(out.shape)}, expected full length")
-    return out
-
-
-def hf_with_threads(threads: int, fn):
-    """fn with torch's intra-op thread count set to `threads` for the call."""
-    def call(i):
-        import torch
-        torch.set_num_threads(threads)
-        return fn(i)
-    return call
-
-
-def jax_generate(config, params, prompts, mask, max_new_tokens, seed, num_samples=1):
-    eos = config.vocab_size - 1  # drawn with ~1/V probability; the loop runs until every row drew it
-    return generate(config, params, prompts, mask, jax.random.PRNGKey(seed), max_new_tokens=max_new_tokens,
-                    num_samples=num_samples, temperature=1.0, top_k=0, top_p=1.0, eos_ids=[eos], pad_id=0)
-
-
-def full_length(rollout, max_new_tokens):
-    """The rollout, after checking that the while loop ran all T steps (it exits early only when every
-    row is done, and then no row reaches length T)."""
-    longest = int(np.asarray(rollout.lengths).max())
-    if longest != max_new_tokens:
-        raise RuntimeError(f"the sampler stopped after {longest} of {max_new_tokens} steps")
-    return rollout
-
-
-def logp_gap(config, params, rollout) -> float:
-    """Max |sampler log-prob - trainer log-prob| over the rollout's valid tokens (the trainer's
-    `token_logprobs` recomputed teacher-forced on [prompt ; completion])."""
-    full = jnp.concatenate([rollout.prompt_tokens, rollout.tokens], axis=1)
-    full_mask = jnp.concatenate([rollout.prompt_mask, rollout.mask], axis=1)
-    p = rollout.prompt_tokens.shape[1]
-    ref = token_logprobs(config, params, full[:, :-1], full_mask[:, :-1], full[:, 1:], 1.0)[:, p - 1:]
-    valid = np.asarray(rollout.mask).astype(bool)
-    return float(np.abs(np.asarray(ref) - np.asarray(rollout.logprobs))[valid].max())
+TARGETS = {"3M": 5.0, "30M": 2.0, "135M": 2.0, "0.5B": 2.0}  # minimum speed-up over transformers
 
 
 def bench_size(size: ModelSize, args, before_each, log):
     b, p, t, g = args.batch, args.prompt_len, args.new_tokens, args.group
-    if b % g:
+    if g and b % g:
         raise ValueError(f"--batch {b} must be a multiple of --group {g}")
     with tempfile.TemporaryDirectory() as tmp:
         hf, config, params = build_models(tmp, size, max_positions=max(256, p + t))
@@ -131,7 +67,7 @@ def bench_size(size: ModelSize, args, before_each, log):
     best = min(hf_runs, key=lambda k: times[k].median)  # HF at its best thread count
     times["hf"], r_threads = times[best], int(best[2:])
     tokens = b * t
-    flops = tokens * flops_per_token(config, p + t / 2)
+    flops = tokens * decode_flops_per_token(config, p + t / 2)
     gap = logp_gap(config, params, jax_generate(config, params, prompts_j, mask_j, t, 0))
     r = dict(name=size.name, params=n_params, times=times, jax_tps=tokens / times["jax"].median,
              hf_tps=tokens / times["hf"].median, flops=flops, logp_gap=gap, hf_threads=r_threads)
@@ -147,6 +83,9 @@ def bench_size(size: ModelSize, args, before_each, log):
     log(f"ours        : prefill {times['prefill'].median * 1e3:.1f} ms + {r['step_ms']:.2f} ms per decode step; "
         f"log-probs vs the trainer's: max |diff| {gap:.1e}")
 
+    r["load"] = load_average()
+    if not g:
+        return r
     # 2. G completions per prompt, N = B rows either way: B/G prompts x G against the same B/G prompts
     # each repeated G times (what a sampler without prefix sharing computes), and against HF's
     # num_return_sequences (which expands the prompts before its prefill).
@@ -181,18 +120,18 @@ def report(results, args, peak) -> str:
                      r["jax_tps"], r["hf_tps"], f"**{r['ratio']:.2f}x**", f">= {TARGETS.get(r['name'], 0):g}x",
                      f"{r['flops'] / tm['jax'].median / peak:.0%}", f"{r['flops'] / tm['hf'].median / peak:.0%}",
                      tm["prefill"].median * 1e3, r["step_ms"], tm["jax"].warmup, tm["hf"].warmup,
-                     f"{r['logp_gap']:.0e}"])
+                     r["load"], f"{r['logp_gap']:.0e}"])
     table = markdown_table(["model", "params", "ours ms", "HF ms", "ours tok/s", "HF tok/s", "ratio", "target",
                             "ours % peak", "HF % peak", "ours prefill ms", "ours ms/step", "ours compile s",
-                            "HF warm-up s", "logp gap"], rows)
+                            "HF warm-up s", "load average after", "logp gap"], rows)
     g, b, t = args.group, args.batch, args.new_tokens
     grows = []
-    for r in results:
+    for r in (r for r in results if "group" in r):
         gt = r["group"]
         per_tok = lambda k: gt[k].median / (b * t) * 1e6
         grows.append([r["name"], per_tok("shared"), per_tok("repeated"), per_tok("hf_group"),
                       gt["prefill_few"].median * 1e3, gt["prefill_all"].median * 1e3])
-    gtable = markdown_table(["model", f"ours {b // g}x{g} us/token", f"ours {b}x1 (repeated) us/token",
+    gtable = "" if not g else markdown_table(["model", f"ours {b // g}x{g} us/token", f"ours {b}x1 (repeated) us/token",
                              f"HF num_return_sequences={g} us/token", f"prefill {b // g} prompts ms",
                              f"prefill {b} rows ms"], grows)
     return (f"Machine: {machine_description()}. Matmul peak (best of a jitted 2048x2048 float32 matmul): "
@@ -201,19 +140,20 @@ def report(results, args, peak) -> str:
             f"vocabulary, float32; median of {args.repeats} alternating repeats"
             f"{' taken when the machine was idle' if args.wait_idle else ''}. % peak: model FLOPs "
             f"(2 per weight + attention) per second over the matmul peak. logp gap: max |sampler log-prob - "
-            f"trainer `token_logprobs`| over the rollout.\n\n{table}\n\n"
+            f"trainer `token_logprobs`| over the rollout. Peak RSS of the process (both libraries, both "
+            f"models): {peak_rss_gib():.2f} GiB.\n\n{table}\n\n" + (
             f"G completions per prompt, N = {b} rows either way ({b // g} prompts x G={g} against the same "
             f"{b // g} prompts each repeated {g} times), time per generated token, and prefill alone:\n\n"
-            f"{gtable}\n")
+            f"{gtable}\n" if g else ""))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="3M,30M", help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--sizes", "--size", default="3M,30M", help=f"comma-separated, of {', '.join(SIZES)}")
     ap.add_argument("--batch", type=int, default=64, help="prompts (rows) of the throughput comparison")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--group", type=int, default=16, help="G of the prefill-sharing comparison")
+    ap.add_argument("--group", type=int, default=16, help="G of the prefill-sharing comparison (0: skip it)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", default=f"{os.cpu_count()},1",
                     help="comma-separated torch intra-op thread counts; HF is compared at its fastest")
@@ -221,6 +161,8 @@ def main(argv=None):
                     help="before each timed call, wait up to this long for the machine to be idle")
     ap.add_argument("--toy", action="store_true", help="tiny model and batch, 1 repeat (smoke test)")
     ap.add_argument("--out", default=None, help="markdown file whose sampler results block is refreshed")
+    ap.add_argument("--key", default="sampler-results", help="the results block's name in --out")
+    ap.add_argument("--json", default="", help="also write the results here as JSON")
     args = ap.parse_args(argv)
     if args.toy:  # G=1 reuses the compiled shapes: the smoke test pays for two compilations only
         args.sizes, args.batch, args.prompt_len, args.new_tokens, args.group, args.repeats = "toy", 4, 8, 6, 1, 1
@@ -228,7 +170,7 @@ def main(argv=None):
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise SystemExit(f"--sizes: unknown {unknown}; expected some of {', '.join(SIZES)}")
-    for name in ("batch", "prompt_len", "new_tokens", "group", "repeats"):
+    for name in ("batch", "prompt_len", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
@@ -250,8 +192,12 @@ def main(argv=None):
     text = report(results, args, peak)
     print("\n" + text)
     if args.out:
-        update_markdown(args.out, "sampler-results", text)
+        update_markdown(args.out, args.key, text)
         print(f"wrote {args.out}")
+    if args.json:
+        save_json(args.json, {"machine": machine_description(), "args": vars(args), "peak_rss_gib": peak_rss_gib(),
+                              "results": [{k: v for k, v in r.items() if k not in ("times", "group")}
+                                          | {"times": {k: vars(v) for k, v in r["times"].items()}} for r in results]})
     return results
 
 

@@ -13,7 +13,7 @@ smallest set whose mean probability over the prompts gives the median `--median`
 and the cap T cuts the tail (2^-(T/m) of the rows reach it). Every framework draws from the full
 distribution at temperature 1, float32, and stops a row at the first stop id; the lengths of each side
 are reported (they are draws from the same distribution, not the same draws: the streams differ). Calls
-alternate (`common.time_interleaved`); the first call (compilation) is excluded; useful tokens/s is the
+alternate (`harness.timing.time_interleaved`); the first call (compilation) is excluded; useful tokens/s is the
 sum over the timed calls of the tokens over the sum of their times. transformers runs at each
 `--threads` count and the ratio is taken against its fastest (see benchmarks/sampler.py).
 """
@@ -28,9 +28,11 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, machine_description, markdown_table, time_interleaved, update_markdown  # noqa: E402
-from gpu_stages import completion_lengths, eos_set_for_median, length_summary  # noqa: E402
-from sampler import SIZES, hf_with_threads, logp_gap  # noqa: E402
+from harness.peers import hf_with_threads  # noqa: E402
+from harness.report import machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.sampling import logp_gap  # noqa: E402
+from harness.shapes import SIZES, build_models, completion_lengths, eos_set_for_median, length_summary  # noqa: E402
+from harness.timing import time_interleaved  # noqa: E402
 
 from jaxrl_llm.models import forward  # noqa: E402
 from jaxrl_llm.sampling import generate  # noqa: E402

@@ -20,16 +20,11 @@ What is measured, for each model size, in rows N = B = 64, a 32-token prompt and
     that ms per decode step = (generate - prefill) / (T - 1) -- the step as it runs inside the loop, where
     the stages fuse and no call is dispatched from Python.
 
-Old and new code cannot live in one Python process (both are `jaxrl_llm`), so each runs in its own worker
-process: the old package extracted with `git archive <old-rev> jaxrl_llm` into a temporary directory, the new
-one from this checkout, each put first on its worker's PYTHONPATH (the worker checks which it imported).
-Both load the same HF checkpoint written by `common.build_models` with their own `load_hf`, and build the
-same inputs from the same seed. The workers take turns, call by call (one round = every function of
-both once), so the load of a shared machine hits old and new alike; only one of them computes at a time.
-Each worker times its own calls (perf_counter around the call and `block_until_ready`), so the pipe
-between the processes is never timed; a timed stage call includes Python's dispatch of one jitted call,
-whose floor (a jitted no-op) is reported. A stage's sample is the median of `--calls` back-to-back calls;
-the table gives the median over `--repeats` rounds, the first round (compilation) excluded.
+Old and new code each run in a worker process of their own (harness/revisions.py: the old package from
+`git archive <old-rev> jaxrl_llm`), loading the same checkpoint (`harness.shapes.build_models`) and inputs;
+the workers take turns call by call, each timing its own calls (the pipe is never timed; the dispatch floor,
+a jitted no-op, is reported). A stage's sample is the median of `--calls` back-to-back calls; the table
+gives the median over `--repeats` rounds, the first round (compilation) excluded.
 
 Checks: both rollouts run all T steps; their sampled log-probs are compared with the trainer's
 `token_logprobs` (this checkout's) recomputed on [prompt ; completion]; the old and new decode steps, run
@@ -39,23 +34,20 @@ time.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timing, block, build_models, machine_description, markdown_table, update_markdown, wait_for_idle  # noqa: E402,I001
+from harness.report import machine_description, markdown_table, update_markdown  # noqa: E402
+from harness.revisions import REPLY, ROOT, Worker, extract_package, time_remote  # noqa: E402
+from harness.shapes import build_models  # noqa: E402
+from harness.timing import block, wait_for_idle  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OLD_REV = "eb19df0"  # the parent of fab7559, the sampler rewrite
 STAGES = (("layers", "decoder layers"), ("lm_head", "LM head"), ("draw", "draw (temperature 1)"))
-_REPLY = "@@profile@@ "  # prefix of the worker's protocol lines on stdout (anything else there is noise)
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -158,7 +150,7 @@ def _worker_functions(ns):
 def worker_main(ns) -> None:
     """Serves the coordinator: one JSON request per stdin line, one reply per stdout line (see Worker)."""
     def reply(obj):
-        sys.stdout.write(_REPLY + json.dumps(obj) + "\n")
+        sys.stdout.write(REPLY + json.dumps(obj) + "\n")
         sys.stdout.flush()
 
     fns, info = _worker_functions(ns)
@@ -184,80 +176,6 @@ def worker_main(ns) -> None:
             raise ValueError(f"unknown worker command {req['cmd']!r}")
 
 
-# ------------------------------------------------------------------------------------------- coordinator
-class Worker:
-    """A worker process running this file with `--worker` against the package under `src`."""
-
-    def __init__(self, label: str, src: str, checkpoint: str, args, logdir: str):
-        self.label = label
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
-        self.stderr_path = os.path.join(logdir, f"{label}.stderr")
-        self._stderr = open(self.stderr_path, "w")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--src", src, "--checkpoint", checkpoint,
-               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True, env=env, cwd=logdir)
-        self.info = None
-
-    def read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(_REPLY):
-                return json.loads(line[len(_REPLY):])
-        self._stderr.flush()
-        with open(self.stderr_path) as f:
-            tail = f.read()[-3000:]
-        raise RuntimeError(f"the {self.label} worker exited (rc {self.proc.wait()}):\n{tail}")
-
-    def ready(self) -> dict:
-        if self.info is None:
-            self.info = self.read()
-        return self.info
-
-    def request(self, **req) -> dict:
-        self.ready()
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self._stderr.close()
-
-
-def time_remote(calls: dict[str, tuple[Worker, str, int]], *, repeats: int, before_each=None) -> dict[str, Timing]:
-    """`common.time_interleaved` across worker processes: each round asks every (worker, function, calls)
-    once, in order; a round's sample is the median of the worker's own timings of its `calls` calls (the
-    pipe is not timed). Round 0 is the warm-up: `first` is its first call (compilation included)."""
-    first, runs = {}, {name: [] for name in calls}
-    for i in range(1 + repeats):
-        for name, (worker, fn, n) in calls.items():
-            if before_each is not None:
-                before_each()
-            seconds = worker.request(cmd="time", name=fn, i=i, calls=n)["seconds"]
-            if i == 0:
-                first[name] = seconds[0]
-            else:
-                runs[name].append(statistics.median(seconds))
-    return {name: Timing(first=first[name], runs=tuple(runs[name])) for name in calls}
-
-
-def extract_old_package(dest: str, rev: str = OLD_REV) -> str:
-    """`git archive rev jaxrl_llm | tar -x -C dest` (the checkout is not touched). Returns dest."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "jaxrl_llm"], capture_output=True, check=False)
-    if archive.returncode:
-        raise RuntimeError(f"git archive {rev} failed: {archive.stderr.decode().strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
-
-
 def _rollout(path, prompts, mask):
     import jax.numpy as jnp
     import numpy as np
@@ -274,7 +192,7 @@ def _rollout(path, prompts, mask):
 def profile_size(size, args, old_src, before_each, log) -> dict:
     import numpy as np
 
-    from sampler import logp_gap
+    from harness.sampling import logp_gap
     b, p, t = args.batch, args.prompt_len, args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "checkpoint")
@@ -282,7 +200,10 @@ def profile_size(size, args, old_src, before_each, log) -> dict:
         log(f"\n== {size.name}: {config.num_params() / 1e6:.2f}M parameters (vocab {config.vocab_size}, hidden "
             f"{config.hidden_size}, {config.num_layers} layers, {config.num_heads}/{config.num_kv_heads} heads, "
             f"mlp {config.intermediate_size}); N = {b} rows, prompt {p}, cache {t} slots")
-        workers = {"old": Worker("old", old_src, ckpt, args, tmp), "new": Worker("new", ROOT, ckpt, args, tmp)}
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--checkpoint", ckpt, "--batch", str(args.batch),
+               "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+        workers = {"old": Worker("old", old_src, [*cmd, "--src", old_src], tmp),
+                   "new": Worker("new", ROOT, [*cmd, "--src", ROOT], tmp)}
         try:
             for label, w in workers.items():
                 info = w.ready()  # the worker itself checks that it imported the package it was given
@@ -443,7 +364,7 @@ def main(argv=None):
         return worker_main(args)
     if args.toy:
         args.sizes, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.calls = "toy", 4, 8, 6, 1, 2
-    from sampler import SIZES
+    from harness.shapes import SIZES
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -459,7 +380,7 @@ def main(argv=None):
 
     print(machine_description())
     with tempfile.TemporaryDirectory() as tmp:
-        old_src = extract_old_package(os.path.join(tmp, "old"), args.old_rev)
+        old_src = extract_package(os.path.join(tmp, "old"), args.old_rev)
         results = [profile_size(SIZES[s], args, old_src, before_each, print) for s in sizes]
     if plot_path:
         plot(results, plot_path, args.old_rev)

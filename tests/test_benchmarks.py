@@ -9,7 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import common  # noqa: E402
+from harness import report, timing  # noqa: E402
+from harness.flops import iteration_flops  # noqa: E402
 
 
 def test_sampler_script_runs_at_toy_size(tmp_path):
@@ -29,50 +30,50 @@ def test_sampler_script_runs_at_toy_size(tmp_path):
 
 def test_update_markdown_replaces_only_its_block(tmp_path):
     path = str(tmp_path / "doc.md")
-    common.update_markdown(path, "k", "first")  # a missing file is created with the block
+    report.update_markdown(path, "k", "first")  # a missing file is created with the block
     with open(path, "a") as f:
         f.write("\nafter\n")
     with open(path) as f:
         text = f.read()
     with open(path, "w") as f:
         f.write("before\n" + text)
-    common.update_markdown(path, "k", "second")
-    common.update_markdown(path, "other", "third")  # a new key appends its own block
+    report.update_markdown(path, "k", "second")
+    report.update_markdown(path, "other", "third")  # a new key appends its own block
     with open(path) as f:
         text = f.read()
     assert text.startswith("before\n<!-- k:begin -->") and "\nafter\n" in text
     assert "second" in text and "first" not in text and text.count("<!-- k:begin -->") == 1
     assert text.index("after") < text.index("<!-- other:begin -->") < text.index("third")
     with pytest.raises(ValueError, match="key must be"):
-        common.update_markdown(path, "bad key", "x")
+        report.update_markdown(path, "bad key", "x")
 
 
 def test_markdown_table_format():
-    table = common.markdown_table(["a", "b", "c"], [["x", 1234.5, 0.012345], ["y", 7, 12.0]])
+    table = report.markdown_table(["a", "b", "c"], [["x", 1234.5, 0.012345], ["y", 7, 12.0]])
     assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| x | 1,234 | 0.0123 |", "| y | 7 | 12 |"]
 
 
 def test_timing_statistics_and_interleaving():
     runs = (0.3, 0.1, 0.2, 0.5)
-    t = common.Timing(first=1.0, runs=runs)
+    t = timing.Timing(first=1.0, runs=runs)
     assert t.median == statistics.median(runs)
     assert t.spread == pytest.approx((0.5 - 0.1) / statistics.median(runs))
     assert t.warmup == pytest.approx(1.0 - statistics.median(runs))
-    assert common.Timing(first=0.1, runs=runs).warmup == 0.0
+    assert timing.Timing(first=0.1, runs=runs).warmup == 0.0
 
     calls = []
-    timings = common.time_interleaved({"a": lambda i: calls.append(("a", i)), "b": lambda i: calls.append(("b", i))},
+    timings = timing.time_interleaved({"a": lambda i: calls.append(("a", i)), "b": lambda i: calls.append(("b", i))},
                                       repeats=3, warmup=2, before_each=lambda: calls.append(("idle", None)))
     # Rounds alternate the functions; every call is preceded by before_each; warm-up calls are not in runs.
     assert calls[::2] == [("idle", None)] * 10
     assert calls[1::2] == [(name, i) for i in range(5) for name in ("a", "b")]
     assert all(len(timings[k].runs) == 3 for k in ("a", "b"))
     with pytest.raises(ValueError, match="repeats and warmup"):
-        common.time_interleaved({"a": lambda i: None}, repeats=0)
+        timing.time_interleaved({"a": lambda i: None}, repeats=0)
 
 
 def test_wait_for_idle_returns_a_busy_fraction():
-    busy = common.wait_for_idle(max_busy=1.0, window=0.01, timeout=0.0)
+    busy = timing.wait_for_idle(max_busy=1.0, window=0.01, timeout=0.0)
     assert busy != busy or 0.0 <= busy <= 1.0  # NaN where /proc/stat does not exist
 
 
@@ -93,16 +94,16 @@ def test_grpo_iteration_script_runs_ours_at_toy_size(tmp_path):
     out = tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_iteration.py"), "--toy",
                            "--frameworks", "ours", "--stages", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     block = out.read_text().split("<!-- grpo-iteration-results:begin -->")[1].split("<!-- grpo-iteration-results:end -->")[0]
     row = next(line for line in block.splitlines() if line.startswith("| jaxrl_llm |")).strip("| ").split(" | ")
-    assert float(row[3]) > 0 and float(row[6]) >= 1.0  # an iteration takes time, never less than its roofline
+    num = lambda x: float(x.replace(",", ""))  # markdown_table writes 1,234
+    assert num(row[3]) > 0 and num(row[6]) >= 1.0  # an iteration takes time, never less than its roofline
     assert "| update (fwd + bwd + AdamW) |" in block
 
 
 def test_iteration_flops_against_a_hand_count():
-    import grpo_iteration
     from jaxrl_llm.models.config import ModelConfig
     c = ModelConfig(vocab_size=10, hidden_size=4, intermediate_size=6, num_layers=2, num_heads=2, num_kv_heads=1,
                     head_dim=2)
@@ -113,10 +114,10 @@ def test_iteration_flops_against_a_hand_count():
     def block_tokens(rows, start, stop):  # token at position i attends to i + 1 keys
         return rows * sum(c.num_layers * (w + 4 * 2 * 2 * (i + 1)) for i in range(start, stop))
     fwd = block_tokens(B, 0, P) + block_tokens(B * G, P, P + T - 1) + 2 * 4 * 10 * B * G * T
-    flops = grpo_iteration.iteration_flops(c, B, G, P, T)
+    flops = iteration_flops(c, B, G, P, T)
     assert flops["reference"] == pytest.approx(fwd)
     assert flops["total"] == pytest.approx(6 * fwd)
-    unshared = grpo_iteration.iteration_flops(c, B, G, P, T, prefix_shared=False)
+    unshared = iteration_flops(c, B, G, P, T, prefix_shared=False)
     assert unshared["total"] - flops["total"] == pytest.approx(6 * block_tokens(B * G - B, 0, P))
 
 
@@ -138,3 +139,40 @@ def test_pg_pass_script_runs_at_toy_size():
     assert "| 32 | 1 | blockwise |" in proc.stdout and "| 16 | 2 | auto (= xla) |" in proc.stdout
     assert "| blockwise |" in proc.stdout.split("target <= 1.5")[1]
     assert "| packed |" in proc.stdout and "speed-up packed/padded" in proc.stdout
+
+
+def test_benchmark_scripts_import_only_the_harness():
+    """No circles: a script never imports another script, the harness never imports a script, and no file
+    of benchmarks/ is over 400 lines."""
+    import ast
+    bench = os.path.join(ROOT, "benchmarks")
+    scripts = {f[:-3] for f in os.listdir(bench) if f.endswith(".py")}
+    files = [os.path.join(bench, f) for f in os.listdir(bench) if f.endswith(".py")]
+    files += [os.path.join(bench, "harness", f) for f in os.listdir(os.path.join(bench, "harness")) if f.endswith(".py")]
+    allowed = {"gpu_suite.py": {"gpu_report", "gpu_stages"}, "gpu_stages.py": {"grpo_iteration", "memory_plan"}}  # the suite runs scripts
+    for path in files:
+        with open(path) as f:
+            text = f.read()
+        assert text.count("\n") <= 400, f"{path} has {text.count(chr(10))} lines"
+        imported = {n.module.split(".")[0] for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name.split(".")[0] for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+        bad = (imported & scripts) - allowed.get(os.path.basename(path), set())
+        assert not bad, f"{path} imports the scripts {sorted(bad)}: shared code belongs in benchmarks/harness"
+
+
+@pytest.mark.parametrize("name,published", [("135M", 134_515_008), ("0.5B", 494_032_768), ("1.5B", 1_543_714_304)])
+def test_real_shapes_have_the_published_parameter_counts(name, published):
+    """The real shapes written in the harness give the checkpoints' parameter counts, in transformers (built
+    on the meta device: no memory) and in our config."""
+    import torch
+    from harness import shapes
+    from transformers import AutoModelForCausalLM
+
+    from jaxrl_llm.models.config import config_from_hf_dict
+    size = shapes.size_of(name)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(shapes.hf_config(size, max_positions=256))
+    assert sum(p.numel() for p in hf.parameters()) == published
+    assert config_from_hf_dict(shapes.hf_dict(size), source="test").num_params() == published
+    with pytest.raises(ValueError, match="--size"):
+        shapes.size_of("7B")

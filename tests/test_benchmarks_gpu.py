@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import gpu_stages  # noqa: E402
+from harness import shapes  # noqa: E402
 import gpu_suite  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def test_eos_set_reaches_the_stop_probability_of_the_median():
     rng = np.random.default_rng(0)
     mass = rng.dirichlet(np.ones(1000))
     for median in (5, 40, 200):
-        ids = gpu_stages.eos_set_for_median(mass, median, exclude=(0, 7))
+        ids = shapes.eos_set_for_median(mass, median, exclude=(0, 7))
         hazard = 1 - 2 ** (-1 / median)
         total = mass[ids].sum()
         assert total >= hazard and 0 not in ids and 7 not in ids and ids == sorted(set(ids))
@@ -54,16 +54,16 @@ def test_eos_set_reaches_the_stop_probability_of_the_median():
         # A geometric length with that hazard has the asked-for median (within one token).
         assert abs(np.log(0.5) / np.log(1 - total) - median) <= max(1.0, 0.05 * median)
     with pytest.raises(ValueError, match="median"):
-        gpu_stages.eos_set_for_median(mass, 0.5)
+        shapes.eos_set_for_median(mass, 0.5)
     with pytest.raises(ValueError, match="no set"):
-        gpu_stages.eos_set_for_median(np.full(4, 1e-6), 2)
+        shapes.eos_set_for_median(np.full(4, 1e-6), 2)
 
 
 def test_completion_lengths_count_the_first_stop_token():
     tokens = np.array([[5, 6, 2, 6], [9, 9, 9, 9], [3, 5, 5, 5], [2, 3, 3, 3]])
-    assert gpu_stages.completion_lengths(tokens, {2, 3}, cap=4).tolist() == [3, 4, 1, 1]
-    assert gpu_stages.completion_lengths(tokens, {2, 3}, cap=2).tolist() == [2, 2, 1, 1]
-    s = gpu_stages.length_summary([1, 2, 3, 10])
+    assert shapes.completion_lengths(tokens, {2, 3}, cap=4).tolist() == [3, 4, 1, 1]
+    assert shapes.completion_lengths(tokens, {2, 3}, cap=2).tolist() == [2, 2, 1, 1]
+    s = shapes.length_summary([1, 2, 3, 10])
     assert (s["min"], s["max"], s["median"], s["sum"]) == (1, 10, 2.5, 16)
 
 

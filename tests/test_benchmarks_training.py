@@ -104,7 +104,7 @@ def slow_update_flops(config, params, B, G, P, T):
 def test_update_flops_against_a_slow_count(model_type):
     import jax
 
-    from mfu import update_flops
+    from harness.flops import update_flops
 
     from jaxrl_llm.models import ModelConfig, init_params
     config = ModelConfig(model_type=model_type, vocab_size=11, hidden_size=8, intermediate_size=12, num_layers=3,
@@ -117,7 +117,7 @@ def test_update_flops_against_a_slow_count(model_type):
 
 
 def test_executed_flops_count_the_extra_work():
-    from mfu import update_flops
+    from harness.flops import update_flops
 
     from jaxrl_llm.metrics import flops_per_token
     from jaxrl_llm.models import ModelConfig

@@ -67,7 +67,14 @@ TOY = {
 # config.json of Qwen/Qwen2.5-32B.
 QWEN25_32B = dict(QWEN25_7B, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
                   num_attention_heads=40, num_key_value_heads=8)
-MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY}
+# config.json of HuggingFaceTB/SmolLM2-135M (Llama, tied embeddings): benchmarks/step_profile.py's shape.
+SMOLLM2_135M = {
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 8192, "rope_theta": 100000.0, "tie_word_embeddings": True,
+    "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 0,
+}
+MODELS = {"qwen2.5-7b": QWEN25_7B, "smollm2-135m": SMOLLM2_135M, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY}
 DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 

@@ -59,7 +59,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--decode-slots", type=int, default=0)
     p.add_argument("--pack-length", type=int, default=0)
-    p.add_argument("--remat", default="none")
+    p.add_argument("--remat", default="none", help="model.remat")
+    p.add_argument("--logits-chunk", type=int, default=0, help="model.logits_chunk (0: the default)")
     args = p.parse_args(argv)
     if args.toy:
         args.prompt_len, args.new_tokens, args.repeats = 4, 4, 1
@@ -97,6 +98,7 @@ def main(argv=None):
         from jaxrl_llm.trainer import Trainer
         c = gi.ours_config(ws, args)
         c.model.remat = args.remat
+        c.model.logits_chunk = args.logits_chunk or c.model.logits_chunk
         ours = gi.Ours.__new__(gi.Ours)
         ours.trainer = Trainer(c, os.path.join(ws, "ours-run"))
         ours.state, ours.metrics = ours.trainer.state, []

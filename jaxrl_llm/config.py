@@ -42,7 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
-    c.model.remat = "none"  # "none" | "full" | "dots": recompute layers in backward to save memory
+    # "none" | "full" | "dots": what the backward recomputes. "dots" keeps the matmul outputs and recomputes
+    # the elementwise ones (norms, RoPE, SiLU): at SmolLM2-135M's shape the update's temporaries fall from
+    # 3.36 to 1.91 GiB for about the same time (docs/benchmarks.md, "Real shapes on the CPU")
+    c.model.remat = "dots"
     c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block
     c.model.attention = "auto"  # auto | xla | blockwise | cudnn (GPU) | splash (TPU); docs/attention.md
     c.model.attention_block = 256  # blockwise attention's query and key tile, in tokens

@@ -314,3 +314,26 @@ def test_default_remat_keeps_only_matmul_outputs_for_backward():
     assert temps[default] < 0.7 * temps["none"], temps
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), grads["none"],
                            grads[default])
+
+
+def test_logits_chunk_shrinks_for_many_rows_and_a_large_vocabulary(monkeypatch):
+    """`logits_chunk_for`: hand-worked at SmolLM2-135M's update (16 rows, V=49,152: 64 MiB / (4 x 16 x 49,152)
+    = 21 tokens), floored at LOGITS_MIN_CHUNK, never above `logits_chunk`; and where the cap binds (made
+    small here) the chunked log-probs and entropies equal the full softmax's to 1e-6."""
+    from jaxrl_llm.models import init_params, lm
+    big = ModelConfig(vocab_size=49152, logits_chunk=128)
+    assert lm.logits_chunk_for(big, 16) == 21
+    assert lm.logits_chunk_for(big, 4096) == lm.LOGITS_MIN_CHUNK
+    assert lm.logits_chunk_for(big.replace(logits_chunk=8), 16) == 8
+    config = ModelConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=8, max_position_embeddings=64, logits_chunk=128)
+    monkeypatch.setattr(lm, "LOGITS_MIN_CHUNK", 1)
+    monkeypatch.setattr(lm, "LOGITS_BLOCK_BYTES", 4 * 3 * 5 * config.vocab_size)  # 5 tokens of 3 rows
+    assert lm.logits_chunk_for(config, 3) == 5
+    params = init_params(config, jax.random.PRNGKey(1))
+    hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 13, 16))  # 13 tokens: 3 chunks of 5, padded
+    targets = jax.random.randint(jax.random.PRNGKey(3), (3, 13), 0, config.vocab_size)
+    logp, ent = lm.logprobs_from_hidden(config, params, hidden, targets, 0.7, with_entropy=True)  # not jitted
+    full = jax.nn.log_softmax(lm.logits_from_hidden(config, params, hidden) / 0.7)
+    np.testing.assert_allclose(logp, jnp.take_along_axis(full, targets[..., None], -1)[..., 0], atol=1e-6)
+    np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(full) * full, -1), atol=1e-6)

@@ -46,7 +46,9 @@ def base_config() -> ml_collections.ConfigDict:
     # the elementwise ones (norms, RoPE, SiLU): at SmolLM2-135M's shape the update's temporaries fall from
     # 3.36 to 1.91 GiB for about the same time (docs/benchmarks.md, "Real shapes on the CPU")
     c.model.remat = "dots"
-    c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block
+    # tokens per row of a log-prob chunk, at most: fewer when rows x chunk x V float32 logits would pass 64 MiB
+    # (models/lm.py logits_chunk_for); (rows, chunk, V) is the largest logits block
+    c.model.logits_chunk = 128
     c.model.attention = "auto"  # auto | xla | blockwise | cudnn (GPU) | splash (TPU); docs/attention.md
     c.model.attention_block = 256  # blockwise attention's query and key tile, in tokens
     c.model.hidden_size = 64  # built-in model only (model.path == "") ...

@@ -42,10 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
-    # "none" | "full" | "dots": what the backward recomputes. "dots" keeps the matmul outputs and recomputes
-    # the elementwise ones (norms, RoPE, SiLU): at SmolLM2-135M's shape the update's temporaries fall from
-    # 3.36 to 1.91 GiB for about the same time (docs/benchmarks.md, "Real shapes on the CPU")
-    c.model.remat = "dots"
+    # "none" | "full" | "dots": what the backward recomputes. "dots" keeps the matmul outputs only: at
+    # SmolLM2-135M's shape the update's temporaries fall from 3.36 to 1.91 GiB (docs/benchmarks.md, "Real
+    # shapes on the CPU"); not the default yet: with LoRA it left the adapters untrained (tests/test_lora.py)
+    c.model.remat = "none"
     # tokens per row of a log-prob chunk, at most: fewer when rows x chunk x V float32 logits would pass 64 MiB
     # (models/lm.py logits_chunk_for); (rows, chunk, V) is the largest logits block
     c.model.logits_chunk = 128

@@ -292,28 +292,26 @@ def test_truncated_and_corrupt_safetensors(llama_dir):
         load_hf(llama_dir)
 
 
-def test_default_remat_keeps_only_matmul_outputs_for_backward():
-    """The trainer's default `model.remat` ("dots") saves each layer's matmul outputs and recomputes the
-    elementwise ones (norms, RoPE, SiLU): at SmolLM2-135M's shape that took the update's temporaries from
-    3.36 to 1.91 GiB (docs/benchmarks.md). Here: XLA's own memory analysis of the compiled gradient, on a
-    deep, narrow model where the saved activations dominate, against remat "none"; gradients equal."""
-    from jaxrl_llm.config import base_config
+def test_remat_dots_keeps_only_matmul_outputs_for_backward():
+    """`model.remat="dots"` saves each layer's matmul outputs and recomputes the elementwise ones (norms,
+    RoPE, SiLU): at SmolLM2-135M's shape that took the update's temporaries from 3.36 to 1.91 GiB
+    (docs/benchmarks.md). Here: XLA's own memory analysis of the compiled gradient, on a deep, narrow model
+    where the saved activations dominate, against remat "none"; gradients equal."""
     from jaxrl_llm.models import init_params
-    default = base_config().model.remat
-    assert default == "dots"
+    policy = "dots"
     base = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=256, num_layers=8, num_heads=4,
                        num_kv_heads=2, head_dim=8, max_position_embeddings=256, remat="none")
     params = init_params(base, jax.random.PRNGKey(0))
     tokens, mask = left_padded_batch(np.random.default_rng(8), [96] * 8, base.vocab_size)
     temps, grads = {}, {}
-    for remat in ("none", default):
+    for remat in ("none", policy):
         config = base.replace(remat=remat)
         grad = jax.jit(jax.grad(lambda p: jnp.sum(token_logprobs(config, p, tokens, mask, tokens) * mask)))
         temps[remat] = grad.lower(params).compile().memory_analysis().temp_size_in_bytes
         grads[remat] = grad(params)
-    assert temps[default] < 0.7 * temps["none"], temps
+    assert temps[policy] < 0.7 * temps["none"], temps
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), grads["none"],
-                           grads[default])
+                           grads[policy])
 
 
 def test_logits_chunk_shrinks_for_many_rows_and_a_large_vocabulary(monkeypatch):

@@ -43,8 +43,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # parameter dtype
     c.model.routing_replay = True  # mixture-of-experts: the trainer's passes reuse the sampler's experts
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
-    c.model.remat = "none"  # "none" | "full" | "dots": recompute layers in backward to save memory
-    c.model.logits_chunk = 128  # sequence chunk for log-probs: (rows, chunk, V) is the largest logits block
+    # "none" | "full" | "dots": what the backward recomputes. "dots" keeps the matmul outputs only: at
+    # SmolLM2-135M's shape the update's temporaries fall from 3.36 to 1.91 GiB (docs/benchmarks.md, "Real
+    # shapes on the CPU"); not the default yet: with LoRA it left the adapters untrained (tests/test_lora.py)
+    c.model.remat = "none"
+    # tokens per row of a log-prob chunk, at most: fewer when rows x chunk x V float32 logits would pass 64 MiB
+    # (models/lm.py logits_chunk_for); (rows, chunk, V) is the largest logits block
+    c.model.logits_chunk = 128
     c.model.attention = "auto"  # auto | xla | blockwise | cudnn (GPU) | splash (TPU); docs/attention.md
     c.model.attention_block = 256  # blockwise attention's query and key tile, in tokens
     c.model.hidden_size = 64  # built-in model only (model.path == "") ...

@@ -11,7 +11,7 @@ import pytest
 from fixtures_hf import VARIANTS, hf_logits, left_padded_batch, make_hf_model, rewrite_config
 from jaxrl_llm.models import (CheckpointError, completion_hidden, forward, init_value_params, load_hf,
                               load_hf_value, logprobs_from_hidden, save_hf, token_logprobs, value_forward)
-from jaxrl_llm.models.config import config_from_hf_dict
+from jaxrl_llm.models.config import ModelConfig, config_from_hf_dict
 
 LENGTHS = [37, 20, 5, 1]  # long rows reach the scaled llama3 frequencies; a 1-token row is all padding
 
@@ -290,3 +290,48 @@ def test_truncated_and_corrupt_safetensors(llama_dir):
     os.remove(file)
     with pytest.raises(FileNotFoundError, match="no model.safetensors or model.safetensors.index.json"):
         load_hf(llama_dir)
+
+
+def test_remat_dots_keeps_only_matmul_outputs_for_backward():
+    """`model.remat="dots"` saves each layer's matmul outputs and recomputes the elementwise ones (norms,
+    RoPE, SiLU): at SmolLM2-135M's shape that took the update's temporaries from 3.36 to 1.91 GiB
+    (docs/benchmarks.md). Here: XLA's own memory analysis of the compiled gradient, on a deep, narrow model
+    where the saved activations dominate, against remat "none"; gradients equal."""
+    from jaxrl_llm.models import init_params
+    policy = "dots"
+    base = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=256, num_layers=8, num_heads=4,
+                       num_kv_heads=2, head_dim=8, max_position_embeddings=256, remat="none")
+    params = init_params(base, jax.random.PRNGKey(0))
+    tokens, mask = left_padded_batch(np.random.default_rng(8), [96] * 8, base.vocab_size)
+    temps, grads = {}, {}
+    for remat in ("none", policy):
+        config = base.replace(remat=remat)
+        grad = jax.jit(jax.grad(lambda p: jnp.sum(token_logprobs(config, p, tokens, mask, tokens) * mask)))
+        temps[remat] = grad.lower(params).compile().memory_analysis().temp_size_in_bytes
+        grads[remat] = grad(params)
+    assert temps[policy] < 0.7 * temps["none"], temps
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), grads["none"],
+                           grads[policy])
+
+
+def test_logits_chunk_shrinks_for_many_rows_and_a_large_vocabulary(monkeypatch):
+    """`logits_chunk_for`: hand-worked at SmolLM2-135M's update (16 rows, V=49,152: 64 MiB / (4 x 16 x 49,152)
+    = 21 tokens), floored at LOGITS_MIN_CHUNK, never above `logits_chunk`; and where the cap binds (made
+    small here) the chunked log-probs and entropies equal the full softmax's to 1e-6."""
+    from jaxrl_llm.models import init_params, lm
+    big = ModelConfig(vocab_size=49152, logits_chunk=128)
+    assert lm.logits_chunk_for(big, 16) == 21
+    assert lm.logits_chunk_for(big, 4096) == lm.LOGITS_MIN_CHUNK
+    assert lm.logits_chunk_for(big.replace(logits_chunk=8), 16) == 8
+    config = ModelConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=8, max_position_embeddings=64, logits_chunk=128)
+    monkeypatch.setattr(lm, "LOGITS_MIN_CHUNK", 1)
+    monkeypatch.setattr(lm, "LOGITS_BLOCK_BYTES", 4 * 3 * 5 * config.vocab_size)  # 5 tokens of 3 rows
+    assert lm.logits_chunk_for(config, 3) == 5
+    params = init_params(config, jax.random.PRNGKey(1))
+    hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 13, 16))  # 13 tokens: 3 chunks of 5, padded
+    targets = jax.random.randint(jax.random.PRNGKey(3), (3, 13), 0, config.vocab_size)
+    logp, ent = lm.logprobs_from_hidden(config, params, hidden, targets, 0.7, with_entropy=True)  # not jitted
+    full = jax.nn.log_softmax(lm.logits_from_hidden(config, params, hidden) / 0.7)
+    np.testing.assert_allclose(logp, jnp.take_along_axis(full, targets[..., None], -1)[..., 0], atol=1e-6)
+    np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(full) * full, -1), atol=1e-6)

@@ -84,7 +84,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # dtype parameters are stored and updated in
     dtype: str = "float32"  # compute dtype of matmuls and activations ("bfloat16" on accelerators)
     remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): memory vs recompute in backward
-    logits_chunk: int = 128  # sequence chunk of token_logprobs: (B, chunk, V) is the largest logits block
+    logits_chunk: int = 128  # max sequence chunk of token_logprobs (lm.logits_chunk_for): (B, chunk, V) logits
     attention: str = "auto"  # auto | xla | blockwise | cudnn | splash: multi-token attention (models/kernels.py)
     attention_block: int = 256  # blockwise attention's query and key tile (tokens)
     # LoRA adapters (models/lora.py): declared on the `lora_targets` projections when lora_rank > 0.

@@ -63,17 +63,34 @@ def forward(config: ModelConfig, params, tokens: jax.Array, attention_mask: jax.
     return logits_from_hidden(config, params, hidden_states(config, params, tokens, attention_mask))
 
 
+# Cap on one float32 block of logits (rows x chunk x V): with many rows and a large vocabulary,
+# `config.logits_chunk` tokens per row make the block the update's largest temporary (16 rows x 48 tokens x
+# 49,152 at SmolLM2-135M's shape: 151 MB, held several times over in the backward: logits, probabilities,
+# their gradient). The chunk never falls below LOGITS_MIN_CHUNK tokens, so the LM head's matmul keeps
+# rows x 16 lhs rows.
+LOGITS_BLOCK_BYTES = 64 * 2 ** 20
+LOGITS_MIN_CHUNK = 16
+
+
+def logits_chunk_for(config: ModelConfig, rows: int) -> int:
+    """Tokens per row of one log-prob chunk: `config.logits_chunk`, lowered so that rows x chunk x V float32
+    logits stay under LOGITS_BLOCK_BYTES, but not below LOGITS_MIN_CHUNK (nor above logits_chunk)."""
+    by_bytes = LOGITS_BLOCK_BYTES // (4 * rows * config.vocab_size)
+    return min(config.logits_chunk, max(LOGITS_MIN_CHUNK, by_bytes))
+
+
 @precise
 def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
                          temperature=1.0, *, with_entropy: bool = False):
-    """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most `config.logits_chunk`.
+    """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most
+    `logits_chunk_for(config, B)` tokens (`config.logits_chunk`, less for many rows x a large vocabulary).
 
     hidden (B,T,D) aligned with targets (B,T): hidden[:, t] predicts targets[:, t]. Only a (B,chunk,V)
     float32 block of logits exists at a time, in the backward pass too (each chunk is rematerialized),
     so a 152k vocabulary stays affordable. Returns logp (B,T) [and entropy (B,T)] float32.
     """
     b, t, d = hidden.shape
-    n = -(-t // config.logits_chunk)
+    n = -(-t // logits_chunk_for(config, b))
     chunk = -(-t // n)  # n equal chunks of at most logits_chunk: padding < n, not up to a whole chunk
     pad = n * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))

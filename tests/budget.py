@@ -31,8 +31,10 @@ import time
 
 import pytest
 
-PER_TEST_CPU_S = 90.0
-MAX_SLOW = 10
+# XLA:CPU runs a test's programs on both cores: CPU seconds are about twice the wall seconds of a
+# compute-bound test, so 180 s of CPU is about 90 s of wall time on the CI machine.
+PER_TEST_CPU_S = 180.0
+MAX_SLOW = 12
 OVERLOADED_PER_CORE = 2.0  # 1-minute load average per core above which CPU time is not trusted to fail a test
 TESTS_WALL_BUDGET_S = 13 * 60
 # tests/test_benchmarks*.py are kept by benchmarks/ (each runs a script at toy size): their long ones

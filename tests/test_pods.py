@@ -37,6 +37,10 @@ import pytest
 import fixtures_reliability as fr
 from test_scaling import PARAM_ATOL, _env, _free_port, assert_metrics_close, assert_params_close, load
 
+# One module fixture launches five JAX processes (the killed run, its rerun, the one-process run): the
+# pods capability's end-to-end run, so every test of the file is marked slow (tests/budget.py).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "pods_worker.py")
 FAULT = "update:2"  # process 1 dies in the third iteration, after checkpoint 2

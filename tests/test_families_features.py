@@ -99,7 +99,8 @@ def test_packed_logprobs_and_values_equal_unpacked(family, batch):
     pt, pm, ct, cm = batch
     plan = jax.tree_util.tree_map(lambda x: x[0], plan_packs(np.asarray(sequence_lengths(pm, cm))[None], L))
     assert np.bincount(plan["row"][plan["row"] >= 0]).max() >= 2  # some packed row holds several sequences
-    ref = jax.jit(lambda p: logprobs_from_hidden(config, p, completion_hidden(config, p, pt, pm, ct, cm), ct, 0.7))(params)
+    unpacked = lambda p: logprobs_from_hidden(config, p, completion_hidden(config, p, pt, pm, ct, cm), ct, 0.7)
+    ref = jax.jit(unpacked)(params)
     for attention in ("xla", "blockwise"):
         mc = config.replace(attention=attention, attention_block=4)
         got = jax.jit(lambda p, plan: packed_logprobs(mc, p, pt, pm, ct, cm, plan, L, 0.7))(params, plan)

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fixtures_families import FAMILIES, make_family_model
+from fixtures_families import FAMILIES, hf_family_config, make_family_model
 from fixtures_hf import hf_logits, left_padded_batch
 from jaxrl_llm.models import completion_hidden, forward, init_params, load_hf, logprobs_from_hidden, lora, \
     token_logprobs, value_head
 from jaxrl_llm.models.hf import save_hf
 from jaxrl_llm.models.packing import packed_logprobs, packed_values, plan_packs, sequence_lengths
-from jaxrl_llm.models.value import init_value_params
+from jaxrl_llm.models.value import init_value_params, load_hf_value, value_forward
 
 PAD, EOS = 0, 2
 B, G, P, T, L = 3, 2, 6, 12, 20
@@ -116,6 +116,26 @@ def test_packed_logprobs_and_values_equal_unpacked(family, batch):
     print(f"{config.model_type}: max |packed - unpacked value| = {err:.2e}")
     assert err <= 1e-5 and abs(float(got[1, -1] - want[1, -1])) <= 1e-5  # V(s_T) of the full-length row
     assert float(np.std(np.asarray(want)[:, :-1][cm > 0])) > 1e-2  # the values are not constant
+
+
+def test_value_model_from_a_sequence_classification_checkpoint(family, tmp_path):
+    """`value.init` of a PPO run: a *ForSequenceClassification of the family loads as our value model,
+    whose value at the last token equals transformers' pooled score (it pools the last non-pad token)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    _, hf, config, _ = family
+    seq = AutoModelForSequenceClassification.from_config(hf_family_config(config.model_type, num_labels=1),
+                                                         attn_implementation="eager").eval()
+    with torch.no_grad():
+        seq.model.load_state_dict(hf.model.state_dict())
+        seq.score.weight.copy_(0.5 * torch.randn_like(seq.score.weight))
+    seq.save_pretrained(str(tmp_path / "value"))
+    vc, vp = load_hf_value(str(tmp_path / "value"), attention="xla")
+    tokens, mask = left_padded_batch(np.random.default_rng(4), [20, 13], config.vocab_size, pad=PAD)
+    ours = np.asarray(value_forward(vc, vp, tokens, mask))[:, -1]
+    theirs = hf_logits(seq, tokens, mask)[:, 0]
+    print(f"{config.model_type}: max |value - transformers score| = {np.abs(ours - theirs).max():.2e}")
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
 def test_bfloat16_logits_and_sampler_gap(family):

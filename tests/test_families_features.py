@@ -1,8 +1,8 @@
 """Mistral, Gemma 2 and Gemma 3 text with the trainer's features, on the tiny random family configs
 (windows shorter than the rows, binding soft caps, both layer kinds): LoRA on every target (Gemma's
 sandwich norms and GeGLU included) against the merged model and transformers, packed log-probs and
-values against the unpacked pass, values invariant to padding, and bfloat16 against transformers'
-float32 with the sampler/trainer log-prob gap."""
+values against the unpacked padded pass, the value model from a *ForSequenceClassification checkpoint
+against transformers' score, and bfloat16 against transformers' float32 with the sampler/trainer gap."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -114,16 +114,22 @@ def _win_layout(win, s, kp, sp):
     return pad(q_idx, sp), pad(kv_idx, kp), window
 
 
+def _tile_windows(win, s, bq, bk, nq, nk):
+    """(the window or None, tile_win(i, j): tile (i, j)'s query and key index slices and the window, or
+    None without a window), shared by the forward and the backward pass."""
+    win_p = _win_layout(win, s, nk * bk, nq * bq)
+    tile_win = lambda i, j: None if win_p is None else (
+        jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
+        jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
+    return (None if win is None else win[2]), tile_win
+
+
 def _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softcap):
     n, s, h, hd = q.shape
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
     scale = hd ** -0.5 if scale is None else scale
-    win_p = _win_layout(win, s, nk * bk, nq * bq)
-    window = None if win is None else win[2]
-    tile_win = lambda i, j: None if win_p is None else (
-        jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
-        jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
+    window, tile_win = _tile_windows(win, s, bq, bk, nq, nk)
     slice_k = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=x.ndim - 2 if x.ndim == 4 else 1)
 
     def query_block(i):
@@ -164,11 +170,7 @@ def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
     scale = hd ** -0.5 if scale is None else scale
-    win_p = _win_layout(win, s, nk * bk, nq * bq)
-    window = None if win is None else win[2]
-    tile_win = lambda i, j: None if win_p is None else (
-        jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
-        jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
+    window, tile_win = _tile_windows(win, s, bq, bk, nq, nk)
     sp = nq * bq
     rows = lambda x: jnp.pad(x.reshape(n, s, kvh, r, *x.shape[3:]).swapaxes(1, 2),
                              ((0, 0), (0, 0), (0, sp - s), (0, 0)) + ((0, 0),) * (x.ndim - 3))

@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_curves import held_out, run  # noqa: E402
+from harness.runs import held_out, run  # noqa: E402
 
 
 def to_bar(rows: list[dict], bar: float | None = None) -> tuple[float, int | None, float | None]:

@@ -62,12 +62,9 @@ QWEN25_7B = {
 # config.json of Qwen/Qwen2.5-1.5B: the model of the GPU suite's measured step (benchmarks/gpu_suite.py).
 QWEN25_1_5B = dict(QWEN25_7B, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                    num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
-TOY = {
-    "model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": False,
-    "hidden_act": "silu", "eos_token_id": 1,
-}
+TOY = {"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+       "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 1}
 # config.json of Qwen/Qwen2.5-32B.
 QWEN25_32B = dict(QWEN25_7B, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
                   num_attention_heads=40, num_key_value_heads=8)

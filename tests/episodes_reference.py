@@ -59,4 +59,5 @@ def reference_episodes(mc, params, tokenizer, env, rows, rng, *, max_turns, max_
                                                turn_ended=ended[i])
                     if not trajs[i].add_env(ids):
                         batch.done[i] = truncated[i] = True
-        return _arrays(prompts, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+        return _arrays(prompts, bucket(max(map(len, prompts))), trajs, logps, truncated, batch, texts, pad_id,
+                       max_new_tokens)

@@ -178,7 +178,7 @@ BAD_CONFIGS = [
     ({"train.minibatches": 3}, "config.train.minibatches must be a divisor of rollout.batch_prompts=4"),
     ({"loss.aggregate": "mean"}, "config.loss.aggregate must be one of token-mean"),
     ({"loss.dual_clip": 0.5}, "config.loss.dual_clip must be 0 .off. or a number > 1"),
-    ({"mesh.data": 3, "mesh.fsdp": 1}, r"mesh data\*fsdp\*tensor = 3\*1\*1 = 3 does not match the 1 available devices"),
+    ({"mesh.data": 3, "mesh.fsdp": 1}, r"mesh data\*fsdp\*expert\*tensor = 3\*1\*1\*1 = 3 does not match the 1 available devices"),
     ({"reward.functions": "no_such_reward"}, "unknown reward 'no_such_reward'"),
     ({"reward.weights": "1,2"}, "reward.weights has 2 entries for 1 reward.functions"),
     ({"model.path": "/does/not/exist"}, "model.path '/does/not/exist' is not a directory"),

@@ -21,20 +21,11 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "configs")]
+from overrides import apply_overrides  # noqa: E402
 
 DEVICES = 4  # in all: the mesh (2, 2, 1) whatever the process count
 STEPS = 4
 TERM_AT = 1  # steps done when process 1 of the `term` run signals itself
-
-
-def _set(c, overrides: dict):
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
 
 
 def grpo_async():
@@ -47,7 +38,7 @@ def multiturn(algo: str):
     """(c) configs/tiny_multiturn.py shrunk to a few steps, with a held-out evaluation of episodes."""
     import tiny_multiturn
     c = tiny_multiturn.get_config(f"algo={algo}")
-    return _set(c, {"seed": 0, "total_steps": 2, "rollout.batch_prompts": 4, "rollout.group_size": 4,
+    return apply_overrides(c, {"seed": 0, "total_steps": 2, "rollout.batch_prompts": 4, "rollout.group_size": 4,
                     "env.max_turns": 3, "rollout.max_new_tokens": 6,
                     "data.task_rows": 64, "eval.every_steps": 2, "eval.num_prompts": 4, "eval.k": 2,
                     "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 1,
@@ -57,7 +48,7 @@ def multiturn(algo: str):
 
 CONFIGS = {"grpo_k2": grpo_async, "mt_grpo": lambda: multiturn("grpo"),
            # PPO (not in CI): configs/tiny.py's 2 minibatches would leave 2 prompts for 4 row shards
-           "mt_ppo": lambda: _set(multiturn("ppo"), {"train.minibatches": 1})}
+           "mt_ppo": lambda: apply_overrides(multiturn("ppo"), {"train.minibatches": 1})}
 
 
 def run(out_dir: str, spec: str):

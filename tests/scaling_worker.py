@@ -23,6 +23,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "configs")]
+from overrides import apply_overrides  # noqa: E402
 
 # The meshes of the equivalence test, (data, fsdp, tensor); the baseline is (1, 1, 1) on one device.
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 2, 4)]
@@ -47,12 +48,7 @@ def config(mesh=(1, 1, 1), **overrides):
     c.export.at_end, c.export.plot = False, False
     c.eval.every_steps = 0
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    apply_overrides(c, overrides)
     return c
 
 

@@ -15,6 +15,7 @@ from jaxrl_llm.trainer import Trainer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 import tiny  # noqa: E402
+from overrides import apply_overrides  # noqa: E402
 
 # The metric names of docs/design.md ("Metrics") that every run logs (value/* and kl/* when used).
 CORE_METRICS = {"reward/mean", "reward/std", "reward/frac_zero_std", "response_length/mean", "response_length/max",
@@ -44,12 +45,7 @@ def small_config(algo="grpo", **overrides):
     c.export.at_end = False
     c.export.plot = False
     c.eval.every_steps = 0  # tests/test_evaluate.py evaluates
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    apply_overrides(c, overrides)
     return c
 
 

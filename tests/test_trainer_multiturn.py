@@ -19,6 +19,7 @@ from jaxrl_llm.models.lm import init_params
 from jaxrl_llm.trainer import Trainer
 from jaxrl_llm.trainer.episodes import sample_episodes
 from jaxrl_llm.trainer.steps import logp_of
+from overrides import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_METRICS = {"env/turns/mean", "env/tool_calls/mean", "env/errors/mean", "env/aborted_frac", "env/reward/mean",
@@ -44,12 +45,7 @@ def mt_config(algo="grpo", **overrides):
     c.log.progress, c.log.samples_every = False, 1
     c.export.at_end = c.export.plot = False
     c.eval.every_steps = 0  # the evaluation tests turn it on
-    for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    apply_overrides(c, overrides)
     return c
 
 

@@ -6,6 +6,17 @@ Gemma 3 global RoPE (theta and linear scaling) different from the local one.
 """
 from __future__ import annotations
 
+import jax
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmuls():
+    """float32 comparisons at 1e-5 on any backend (GPUs default to TF32 matmuls); autouse in the files that
+    import it."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
             head_dim=12, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
             pad_token_id=0)

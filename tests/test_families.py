@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 
 from fixtures_families import FAMILIES, make_family_model
+from fixtures_families import exact_float32_matmuls  # noqa: F401  (an autouse fixture)
 from fixtures_hf import hf_logits, left_padded_batch
 from jaxrl_llm.models import forward, load_hf, save_hf
 from jaxrl_llm.models.config import config_from_hf_dict
-
-
-@pytest.fixture(autouse=True)
-def _exact_float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

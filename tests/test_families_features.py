@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fixtures_families import FAMILIES, hf_family_config, make_family_model
+from fixtures_families import exact_float32_matmuls  # noqa: F401  (an autouse fixture)
 from fixtures_hf import hf_logits, left_padded_batch
 from jaxrl_llm.models import completion_hidden, forward, init_params, load_hf, logprobs_from_hidden, lora, \
     token_logprobs, value_head
@@ -19,12 +20,6 @@ from jaxrl_llm.models.value import init_value_params, load_hf_value, value_forwa
 PAD, EOS = 0, 2
 B, G, P, T, L = 3, 2, 6, 12, 20
 PLENS, CLENS = (2, 6, 4), (1, 12, 3, 0, 7, 2)  # rows up to 18 tokens: longer than every window (5, 8)
-
-
-@pytest.fixture(autouse=True)
-def _exact_float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

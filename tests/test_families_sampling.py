@@ -7,18 +7,13 @@ import numpy as np
 import pytest
 
 from fixtures_families import FAMILIES, make_family_model
+from fixtures_families import exact_float32_matmuls  # noqa: F401  (an autouse fixture)
 from fixtures_hf import left_padded_batch
 from jaxrl_llm.models import completion_hidden, load_hf, logprobs_from_hidden, token_logprobs
 from jaxrl_llm.sampling import generate
 
 PAD, EOS = 0, 2
 T = 14  # new tokens: prompts (5, 9, 3) + 14 > every window (5, 8)
-
-
-@pytest.fixture(autouse=True)
-def _exact_float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

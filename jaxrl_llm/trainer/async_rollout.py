@@ -297,8 +297,8 @@ def split_devices(c, devices=None):
     if len(hosts) != P or min(len(h) for h in hosts.values()) <= per:
         raise ValueError(f"config.mesh.rollout_devices={r} needs more than r/{P} = {per} devices on each of the {P} "
                          f"processes, got {sorted(len(h) for h in hosts.values())}")
-    rollout = {d for h in hosts.values() for d in h[-per:]}
-    return [d for d in devices if d not in rollout], hosts[jax.process_index()][-per:]
+    rollout = {id(d) for h in hosts.values() for d in h[-per:]}
+    return [d for d in devices if id(d) not in rollout], hosts[jax.process_index()][-per:]
 
 
 def batch_maker(c, rollouts, data, data_stats):

@@ -10,8 +10,8 @@ OUT_DIR/<NAME>.json (metrics per step of this run) and OUT_DIR/<NAME>.npz (final
 A run named `term` is preempted instead: process 1 sends itself SIGTERM in step TERM_AT + 1, and each
 process writes OUT_DIR/term<I>.json with the step it stopped after and why (put it last: a process
 that got JAX's preemption notice keeps it). In a run named `fail` the rollout producer of process 1
-raises on its first batch, and each process writes OUT_DIR/fail<I>.json with the error it stopped with. XLA_FLAGS and JAX_PLATFORMS come from the test; nothing
-here imports jax at module level.
+raises on its first batch, and each process writes OUT_DIR/fail<I>.json with the error it stopped with.
+XLA_FLAGS and JAX_PLATFORMS come from the test; nothing here imports jax at module level.
 """
 from __future__ import annotations
 

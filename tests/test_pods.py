@@ -18,8 +18,9 @@ gloo collectives, 2 fake devices each) against one process with the same 4 devic
 
 Tolerances (float32; observed in parentheses): metrics rtol 1e-5 + atol 1e-6 and parameters atol 1e-5,
 as tests/test_scaling.py for one mesh against another (k = 2: metrics 4.8e-7, parameters 3e-8; the
-rollout mesh: metrics 3e-7, parameters 1.1e-7; the multi-turn run: metrics 4.8e-7, parameters 0: the same episodes and partitioned programs; the
-2-process checkpoint resumed on one process: metrics 6e-8, parameters 3e-8). Wall time: 685 to 905 s
+rollout mesh: metrics 3e-7, parameters 1.1e-7; the multi-turn run: metrics 4.8e-7, parameters 0: the
+same episodes and partitioned programs; the 2-process checkpoint resumed on one process: metrics 6e-8,
+parameters 3e-8). Wall time: 685 to 905 s
 on two cores loaded by other jobs (the launches' compilations dominate).
 
 The launches are ordered so that at most two jobs compile at once on two cores: the killed run first,

@@ -20,11 +20,11 @@ Tolerances (float32; observed in parentheses): metrics rtol 1e-5 + atol 1e-6 and
 as tests/test_scaling.py for one mesh against another (k = 2: metrics 4.8e-7, parameters 3e-8; the
 rollout mesh: metrics 3e-7, parameters 1.1e-7; the multi-turn run: metrics 4.8e-7, parameters 0: the
 same episodes and partitioned programs; the 2-process checkpoint resumed on one process: metrics 6e-8,
-parameters 3e-8). Wall time: 685 to 905 s
-on two cores loaded by other jobs (the launches' compilations dominate).
+parameters 3e-8). Wall time: 685 to 905 s on two cores loaded by other jobs before (b), 926 s with it
+(306 s of CPU; the launches' compilations dominate).
 
 The launches are ordered so that at most two jobs compile at once on two cores: the killed run first,
-then the 2-process rerun (which also runs (c)) next to the 1-process job.
+then the 2-process rerun (which also runs (b), (c) and (e)) next to the 1-process job.
 """
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ def _rollout_mesh(runs, base, two) -> None:
                       "divided by zero on process 1", "ZeroDivisionError: the grader divided by zero on process 1"]
 
 
-@pytest.mark.parametrize("run,check", [("grpo_mesh", _rollout_mesh), ("mt_grpo", _multiturn)])
+@pytest.mark.parametrize("run,check", [("grpo_mesh", _rollout_mesh), ("mt_grpo", _multiturn)],
+                         ids=["rollout_mesh", "multiturn"])
 def test_two_processes_match_one_process(runs, run, check):
     """(b) k = 1 on a rollout mesh, (c) multi-turn GRPO with the held-out evaluation of episodes: the
     2-process run equals the 1-process one with the same global batch (and each run's own properties)."""

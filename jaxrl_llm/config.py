@@ -201,7 +201,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
     c.mesh.tensor = 1  # tensor-parallel axis
     c.mesh.expert = 1  # expert-parallel axis: shards the experts of mixture-of-experts models
-    c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (one process); docs/algorithms/async.md
+    c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (r/P per host on P processes); docs/algorithms/async.md
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # also saved at the end

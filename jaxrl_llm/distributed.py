@@ -13,10 +13,12 @@ all-gather of the rows instead: slower, never wrong.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import socket
+import threading
 import time
 
 import jax
@@ -125,12 +127,36 @@ def _one_line(e: BaseException) -> str:
 
 
 # ============================================================================================ rows
+_scope = threading.local()  # `host_only` is per thread: the trainer's thread keeps the global view
+
+
+@contextlib.contextmanager
+def host_only():
+    """In this thread, the row helpers below treat this host's rows as the whole batch: no collective,
+    arrays on a mesh of this host's devices. What the rollout producer thread of a rollout mesh across
+    hosts runs under (trainer/async_rollout.py): a collective issued there would not be ordered with the
+    trainer thread's across hosts."""
+    before = getattr(_scope, "host_only", False)
+    _scope.host_only = True
+    try:
+        yield
+    finally:
+        _scope.host_only = before
+
+
+def _processes() -> int:
+    """The process count the row helpers see: 1 under `host_only`."""
+    return 1 if getattr(_scope, "host_only", False) else jax.process_count()
+
+
 def is_main() -> bool:
     return jax.process_index() == 0
 
 
 def host_rows(n_rows: int) -> slice:
     """This process's block of a global batch of `n_rows` rows (what its data iterator yields)."""
+    if _processes() == 1:
+        return slice(0, n_rows)
     per = n_rows // jax.process_count()
     return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
 
@@ -163,7 +189,7 @@ def _blocks_local(sharding, shape: tuple[int, ...]) -> bool:
 def to_global(local: np.ndarray, sharding) -> jax.Array:
     """This host's rows (its block of the global batch) -> a global array with `sharding`."""
     local = np.asarray(local)
-    if jax.process_count() == 1:
+    if _processes() == 1:
         return jax.device_put(local, sharding)
     shape = (local.shape[0] * jax.process_count(), *local.shape[1:])
     if _blocks_local(sharding, shape):
@@ -174,7 +200,7 @@ def to_global(local: np.ndarray, sharding) -> jax.Array:
 
 def to_local(x: jax.Array) -> np.ndarray:
     """A global array whose rows are this run's batch -> this host's block of rows, as NumPy."""
-    if jax.process_count() == 1:
+    if _processes() == 1:
         return np.asarray(jax.device_get(x))
     rows = host_rows(x.shape[0])
     if not _blocks_local(x.sharding, x.shape):
@@ -193,7 +219,7 @@ def to_host(x: jax.Array, max_bytes: int = 1 << 28) -> np.ndarray:
     (layers for stacked weights, vocabulary for embeddings): gathering a whole 7B-model weight at once
     would replicate gigabytes onto every chip next to the training state.
     """
-    if jax.process_count() == 1 or x.is_fully_addressable:
+    if _processes() == 1 or x.is_fully_addressable:
         return np.asarray(jax.device_get(x))
     if x.ndim == 0 or x.nbytes <= max_bytes:
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
@@ -216,7 +242,7 @@ def _row_slicer(size: int):
 
 def allgather_rows(local: np.ndarray) -> np.ndarray:
     """Concatenates every host's rows (in process order) on every host."""
-    if jax.process_count() == 1:
+    if _processes() == 1:
         return local
     return np.asarray(multihost_utils.process_allgather(local, tiled=True))
 
@@ -224,7 +250,7 @@ def allgather_rows(local: np.ndarray) -> np.ndarray:
 def allgather_lists(lists: list) -> list[list[int]]:
     """Every host's lists of ints (the same count on every host), concatenated in process order on
     every host: two gathers, of the lengths and of the lists right-padded to the longest."""
-    if jax.process_count() == 1:
+    if _processes() == 1:
         return [list(x) for x in lists]
     lengths = allgather_rows(np.asarray([len(x) for x in lists], np.int32))
     padded = np.zeros((len(lists), max(1, int(lengths.max(initial=0)))), np.int32)
@@ -235,18 +261,18 @@ def allgather_lists(lists: list) -> list[list[int]]:
 
 def any_process(flag: bool) -> bool:
     """True on every host when `flag` is True on any: one decision that all hosts' collectives follow."""
-    if jax.process_count() == 1:
+    if _processes() == 1:
         return bool(flag)
     return bool(allgather_rows(np.array([bool(flag)])).any())
 
 
 def fetch(x) -> np.ndarray:
     """A (small) global array as NumPy on every host: `to_host` where it spans other hosts' devices."""
-    if jax.process_count() == 1 or x.is_fully_addressable or x.is_fully_replicated:
+    if _processes() == 1 or x.is_fully_addressable or x.is_fully_replicated:
         return np.asarray(jax.device_get(x))
     return to_host(x)
 
 
 def sync(name: str):
-    if jax.process_count() > 1:
+    if _processes() > 1:
         multihost_utils.sync_global_devices(name)

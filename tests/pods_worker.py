@@ -9,8 +9,9 @@ trains in the workdir OUT_DIR/w_<NAME> (an existing one is resumed) and process 
 OUT_DIR/<NAME>.json (metrics per step of this run) and OUT_DIR/<NAME>.npz (final policy parameters).
 A run named `term` is preempted instead: process 1 sends itself SIGTERM in step TERM_AT + 1, and each
 process writes OUT_DIR/term<I>.json with the step it stopped after and why (put it last: a process
-that got JAX's preemption notice keeps it). XLA_FLAGS and JAX_PLATFORMS come from the test; nothing
-here imports jax at module level.
+that got JAX's preemption notice keeps it). In a run named `fail` the rollout producer of process 1
+raises on its first batch, and each process writes OUT_DIR/fail<I>.json with the error it stopped with.
+XLA_FLAGS and JAX_PLATFORMS come from the test; nothing here imports jax at module level.
 """
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def grpo_async():
     return config((2, 2, 1), **{"total_steps": STEPS, "rollout.max_staleness": 2})
 
 
+def grpo_rollout_mesh():
+    """(b) GRPO with k = 1 on a rollout mesh of 2 devices (1 per host on 2 processes), 2 training devices."""
+    from scaling_worker import config
+    return config((1, 2, 1), **{"total_steps": 3, "rollout.max_staleness": 1, "mesh.rollout_devices": 2})
+
+
 def multiturn(algo: str):
     """(c) configs/tiny_multiturn.py shrunk to a few steps, with a held-out evaluation of episodes."""
     import tiny_multiturn
@@ -46,7 +53,7 @@ def multiturn(algo: str):
                     "log.tensorboard": False, "export.at_end": False, "export.plot": False})
 
 
-CONFIGS = {"grpo_k2": grpo_async, "mt_grpo": lambda: multiturn("grpo"),
+CONFIGS = {"grpo_k2": grpo_async, "grpo_mesh": grpo_rollout_mesh, "mt_grpo": lambda: multiturn("grpo"),
            # PPO (not in CI): configs/tiny.py's 2 minibatches would leave 2 prompts for 4 row shards
            "mt_ppo": lambda: apply_overrides(multiturn("ppo"), {"train.minibatches": 1})}
 
@@ -61,6 +68,8 @@ def run(out_dir: str, spec: str):
     name = name or config
     if name == "term":
         return preempt(out_dir, t)
+    if name == "fail":
+        return fail(out_dir, t)
     history = t.run()
     params = jax.tree_util.tree_map(dist.to_host, t.state.params)  # collective across processes
     if not dist.is_main():
@@ -68,9 +77,32 @@ def run(out_dir: str, spec: str):
     flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     np.savez(os.path.join(out_dir, f"{name}.npz"), **flat)
     rows = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
+    sampling = None if t.rollout_mesh is None else [d.process_index for d in t.rollout_mesh.devices.flat]
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump({"metrics": rows, "start_step": t.start_step, "initial_eval": t.initial_eval,
-                   "local_rows": t.data.local_batch_size}, f)
+                   "local_rows": t.data.local_batch_size, "rollout_mesh": sampling,
+                   "training_devices": t.mesh.devices.size}, f)
+
+
+def fail(out_dir: str, t):
+    """Runs `t` with the producer thread of process 1 raising on its first batch; records each
+    process's error (the test wants that error on every process, not a hang)."""
+    import jax
+    make = t.producer.make
+
+    def broken(*args):
+        if jax.process_index() == 1:
+            raise ZeroDivisionError("the grader divided by zero on process 1")
+        return make(*args)
+
+    t.producer.make = broken  # the thread looks it up per batch
+    try:
+        t.run()
+        record = {"error": None}
+    except Exception as e:
+        record = {"error": f"{type(e).__name__}: {e}"}
+    with open(os.path.join(out_dir, f"fail{jax.process_index()}.json"), "w") as f:
+        json.dump(record, f)
 
 
 def preempt(out_dir: str, t):

@@ -293,13 +293,57 @@ def test_device_split_errors(monkeypatch):
     with pytest.raises(ValueError, match=r"batch_prompts=4 must be divisible by mesh.rollout_devices=3"):
         ar.split_devices(c, list(jax.devices()) * 4)
     assert ar.split_devices(config_lib.prepare(small(1)), jax.devices()) == (list(jax.devices()), None)
-    # Several processes: k >= 1 on the shared mesh is accepted, a rollout mesh refused with the reason.
+    # Several processes: the split is per host, the last r/P devices of each host sampling.
     monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
     assert ar.split_devices(config_lib.prepare(small(2)), jax.devices()) == (list(jax.devices()), None)
-    c = config_lib.prepare(small(1, **{"mesh.rollout_devices": 1}))
-    with pytest.raises(ValueError, match=r"^config.mesh.rollout_devices > 0 needs a single process for now \(the "
-                                         r"producer thread's collectives are not ordered with the trainer's"):
-        ar.split_devices(c, list(jax.devices()) * 4)
+    hosts = [types.SimpleNamespace(process_index=p, id=i) for p in range(2) for i in range(3)]
+    train, rollout = ar.split_devices(config_lib.prepare(small(1, **{"mesh.rollout_devices": 2})), hosts)
+    assert train == [hosts[0], hosts[1], hosts[3], hosts[4]] and rollout == [hosts[5]]
+    train, rollout = ar.split_devices(config_lib.prepare(small(1, **{"mesh.rollout_devices": 4})), hosts)
+    assert train == [hosts[0], hosts[3]] and rollout == hosts[4:]
+    for r, error in ((1, r"^config.mesh.rollout_devices=1 must be divisible by the 2 processes"),
+                     (6, r"batch_prompts=4 must be divisible by mesh.rollout_devices=6"),
+                     (2, r"^config.mesh.rollout_devices=2 needs more than r/2 = 1 devices on each of the 2 processes, "
+                         r"got \[1, 1\]")):
+        with pytest.raises(ValueError, match=error):
+            ar.split_devices(config_lib.prepare(small(1, **{"mesh.rollout_devices": r})), hosts[2::3])
+    for field, value in (("env.name", "countdown"), ("dapo.dynamic_sampling", True)):
+        c = config_lib.prepare(small(1, **{"mesh.rollout_devices": 2}))
+        c[field.split(".")[0]][field.split(".")[1]] = value
+        with pytest.raises(ValueError, match=rf"^config.{field} with mesh.rollout_devices > 0 needs a single process"):
+            ar.split_devices(c, hosts)
+
+
+def test_producer_failure_on_any_process_stops_every_process(monkeypatch):
+    """Two processes (faked): a failure of this host's producer is said to the others (its message in
+    the agreement's gather) and raised here; another host's failure is raised here too, naming it."""
+    said = []
+
+    def gather(lists):
+        said.append(bytes(lists[0]).decode())
+        return [lists[0], list(b"ZeroDivisionError: failed on 1") if other_fails else []]
+
+    def make(params, rng, version, step):
+        if step == 3:
+            raise ZeroDivisionError("failed at 3")
+        return ar.Produced(step, version, {"policy_version": np.full(2, version)}, {}, [], 0.0, 0.0)
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(ar.dist, "allgather_lists", gather)
+    state = types.SimpleNamespace(params={}, rng=jax.random.PRNGKey(0))
+    for other_fails, expected in ((False, ZeroDivisionError), (True, RuntimeError)):
+        producer, said[:] = ar.ThreadedProducer(make, 2, 10, to_rollout=lambda p: p), []
+        with pytest.raises(expected) as e:
+            for v in range(10):
+                state.step = v
+                producer.next(state)
+        producer.close()
+        if other_fails:  # the first agreement, before any batch
+            assert str(e.value) == "the rollout producer of process 1 failed: ZeroDivisionError: failed on 1"
+        else:
+            assert str(e.value) == "failed at 3" and said[-1] == "ZeroDivisionError: failed at 3"
+            assert set(said[:-1]) == {""}
 
 
 # ====================================================================================== learning

@@ -2,6 +2,9 @@
 gloo collectives, 2 fake devices each) against one process with the same 4 devices and global batch.
 
   (a) GRPO with rollout.max_staleness = 2 (tests/pods_worker.py `grpo_k2`, 4 steps);
+  (b) GRPO with k = 1 on a rollout mesh of 2 devices (`grpo_mesh`, 3 steps): one device of each host
+      samples that host's rows, the other two train; and the same run with process 1's producer
+      raising on its first batch: both processes stop with that error;
   (c) multi-turn GRPO on configs/tiny_multiturn.py (`mt_grpo`, 2 steps, episodes on both processes)
       with the held-out evaluation of episodes before the first step and at the end;
   (d) a kill -9 of process 1 in the update of step 3 (after checkpoint 2, which holds the batches of
@@ -15,12 +18,13 @@ gloo collectives, 2 fake devices each) against one process with the same 4 devic
 
 Tolerances (float32; observed in parentheses): metrics rtol 1e-5 + atol 1e-6 and parameters atol 1e-5,
 as tests/test_scaling.py for one mesh against another (k = 2: metrics 4.8e-7, parameters 3e-8; the
-multi-turn run: metrics 4.8e-7, parameters 0: the same episodes and partitioned programs; the
-2-process checkpoint resumed on one process: metrics 6e-8, parameters 3e-8). Wall time: 685 to 905 s
-on two cores loaded by other jobs (the launches' compilations dominate).
+rollout mesh: metrics 3e-7, parameters 1.1e-7; the multi-turn run: metrics 4.8e-7, parameters 0: the
+same episodes and partitioned programs; the 2-process checkpoint resumed on one process: metrics 6e-8,
+parameters 3e-8). Wall time: 685 to 905 s on two cores loaded by other jobs before (b), 926 s with it
+(306 s of CPU; the launches' compilations dominate).
 
 The launches are ordered so that at most two jobs compile at once on two cores: the killed run first,
-then the 2-process rerun (which also runs (c)) next to the 1-process job.
+then the 2-process rerun (which also runs (b), (c) and (e)) next to the 1-process job.
 """
 from __future__ import annotations
 
@@ -99,8 +103,8 @@ def runs(tmp_path_factory):
         after_kill = {"committed": fr.committed_steps(os.path.join(two, "w_k2")),
                       "rows": fr.read_jsonl(os.path.join(two, "w_k2", "metrics.jsonl"))}
         shutil.copytree(os.path.join(two, "w_k2"), os.path.join(one, "w_k2_on_one"))
-        rerun = _launch(two, "grpo_k2@k2,mt_grpo,grpo_k2@term", 2, "rerun")
-        single = _launch(one, "grpo_k2,mt_grpo,grpo_k2@k2_on_one", 1, "single")
+        rerun = _launch(two, "grpo_k2@k2,mt_grpo,grpo_mesh,grpo_mesh@fail,grpo_k2@term", 2, "rerun")
+        single = _launch(one, "grpo_k2,mt_grpo,grpo_k2@k2_on_one,grpo_mesh", 1, "single")
         codes = _wait(rerun) + _wait(single)
         assert codes == [0, 0, 0], _tail(rerun + single)
     finally:
@@ -142,20 +146,41 @@ def test_in_flight_batches_resume_on_another_process_count(runs):
             params, base_params)
 
 
-def test_multiturn_grpo_with_evaluation_on_two_processes_matches_one_process(runs):
+def _multiturn(runs, base, two) -> None:
     """(c) episodes whose rows live on two hosts: each host's environments, one global batch."""
-    base, base_params = load(runs["one"], "mt_grpo")
-    two, params = load(runs["two"], "mt_grpo")
     assert two["local_rows"] == 2 and base["local_rows"] == 4
     assert base["metrics"][0]["env/turns/mean"] > 1  # episodes of several turns
     assert set(two["initial_eval"]) == set(base["initial_eval"]) and "eval/env/turns/mean" in base["initial_eval"]
-    no_time = lambda rows: [{k: v for k, v in r.items() if k != "eval/time_s"} for r in rows]
-    assert_metrics_close(no_time(two["metrics"] + [two["initial_eval"]]),
-                         no_time(base["metrics"] + [base["initial_eval"]]), "multi-turn, 2 processes vs 1")
-    assert_params_close(params, base_params, PARAM_ATOL, "multi-turn, 2 processes vs 1")
-    _report("multi-turn GRPO + eval, 2 processes vs 1", no_time(two["metrics"] + [two["initial_eval"]]),
-            no_time(base["metrics"] + [base["initial_eval"]]), params, base_params)
     assert any(m["policy/grad_norm"] > 1e-3 for m in base["metrics"])
+
+
+def _rollout_mesh(runs, base, two) -> None:
+    """(b) the rollout mesh per host: process 0 samples its 4 rows on one device of its own, one process
+    its 8 on two; 2 devices train either way. A producer failing on process 1 stops both with its error."""
+    assert (two["local_rows"], two["rollout_mesh"], base["local_rows"], base["rollout_mesh"]) == (4, [0], 8, [0, 0])
+    assert two["training_devices"] == base["training_devices"] == 2
+    assert [m["rollout/staleness/mean"] for m in base["metrics"]] == [0.0, 1.0, 1.0]
+    assert all(m["policy/grad_norm"] > 1e-3 for m in base["metrics"])
+    errors = [json.load(open(os.path.join(runs["two"], f"fail{p}.json")))["error"] for p in range(2)]
+    assert errors == ["RuntimeError: the rollout producer of process 1 failed: ZeroDivisionError: the grader "
+                      "divided by zero on process 1", "ZeroDivisionError: the grader divided by zero on process 1"]
+
+
+@pytest.mark.parametrize("run,check", [("grpo_mesh", _rollout_mesh), ("mt_grpo", _multiturn)],
+                         ids=["rollout_mesh", "multiturn"])
+def test_two_processes_match_one_process(runs, run, check):
+    """(b) k = 1 on a rollout mesh, (c) multi-turn GRPO with the held-out evaluation of episodes: the
+    2-process run equals the 1-process one with the same global batch (and each run's own properties)."""
+    base, base_params = load(runs["one"], run)
+    two, params = load(runs["two"], run)
+    check(runs, base, two)
+    no_time = lambda rows: [{k: v for k, v in r.items() if k != "eval/time_s"} for r in rows]
+    evals = lambda r: [r["initial_eval"]] if r["initial_eval"] else []
+    assert_metrics_close(no_time(two["metrics"] + evals(two)), no_time(base["metrics"] + evals(base)),
+                         f"{run}, 2 processes vs 1")
+    assert_params_close(params, base_params, PARAM_ATOL, f"{run}, 2 processes vs 1")
+    _report(f"{run}, 2 processes vs 1", no_time(two["metrics"] + evals(two)), no_time(base["metrics"] + evals(base)),
+            params, base_params)
 
 
 def test_sigterm_to_one_process_stops_both_with_the_batches_in_flight(runs):

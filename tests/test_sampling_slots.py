@@ -1,5 +1,6 @@
 """The continuous-batching sampler (`decode_slots` = S > 0): against a teacher-forced per-step reference with
-the same per-row keys, slot-count invariance, EOS at the first step and at the cap, the trainer's log-probs."""
+the same per-row keys, slot-count invariance, EOS at the first step and at the cap, the trainer's log-probs,
+a block of rows sampled alone (`row_block`) as in the whole batch."""
 import jax
 import numpy as np
 import pytest
@@ -133,3 +134,18 @@ def test_one_new_token_and_bad_slot_counts(qwen, prompts):
     for bad in (-1, B * G + 1, 2.0):
         with pytest.raises(ValueError, match="decode_slots must be an int in"):
             _generate(qwen, prompts, bad)
+
+
+@pytest.mark.parametrize("slots", [0, 3])
+def test_a_block_of_rows_draws_what_it_draws_in_the_whole_batch(qwen, prompts, by_slots, slots):
+    """`row_block`: prompts 1-2 sampled alone as rows 4..11 of the 12 (what a host of a rollout mesh across
+    hosts does) equal those rows of the whole batch, for the static sampler and the slots one; without
+    it the static sampler's block draws other numbers (the property the block exists for)."""
+    full = by_slots[3] if slots else _generate(qwen, prompts, 0)
+    block = tuple(x[1:] for x in prompts)
+    alone = _generate(qwen, block, slots, row_block=(G, B * G))
+    np.testing.assert_array_equal(np.asarray(alone.tokens), np.asarray(full.tokens)[G:])
+    np.testing.assert_array_equal(np.asarray(alone.mask), np.asarray(full.mask)[G:])
+    np.testing.assert_allclose(np.asarray(alone.logprobs), np.asarray(full.logprobs)[G:], atol=1e-6)
+    if not slots:
+        assert not np.array_equal(np.asarray(_generate(qwen, block, 0).tokens), np.asarray(full.tokens)[G:])

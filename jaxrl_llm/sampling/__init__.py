@@ -75,7 +75,8 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
 
 def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_tokens: int, num_samples: int = 1,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int],
-             pad_id: int, decode_slots: int = 0, repetition_penalty: float = 1.0, min_p: float = 0.0) -> Rollout:
+             pad_id: int, decode_slots: int = 0, repetition_penalty: float = 1.0, min_p: float = 0.0,
+             row_block: tuple[int, int] | None = None) -> Rollout:
     """Samples `num_samples` completions for each left-padded prompt (see the module docstring).
 
     prompts, prompt_mask (B,P) int; rng a PRNG key. Same key -> same rollout; rows of a group differ.
@@ -85,6 +86,9 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
     (`slots.slots_program`, per-row random streams: the same rollout for every S, a different one from 0).
     repetition_penalty (1 = off) and min_p (0 = off) change the distribution drawn from, hence the behaviour
     log-probs, never `logprobs` (`draw.draw_tokens`); their values are traced, on/off is static.
+    row_block (offset, total), static: these N rows are rows offset..offset+N-1 of a batch of `total` rows,
+    and draw the random numbers those rows draw in it (a host sampling its block of the global batch
+    alone; None: the rows are the whole batch).
     """
     prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
     eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
@@ -96,4 +100,5 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
                    jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
                    jnp.float32(min_p), max_new_tokens=int(max_new_tokens), num_samples=int(num_samples),
                    top_k=int(top_k), greedy=temperature == 0, nucleus=top_p < 1.0, eos_ids=eos_ids, pad_id=int(pad_id),
-                   penalize=repetition_penalty != 1.0, use_min_p=min_p > 0)
+                   penalize=repetition_penalty != 1.0, use_min_p=min_p > 0,
+                   row_block=None if row_block is None else (int(row_block[0]), int(row_block[1])))

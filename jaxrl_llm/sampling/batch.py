@@ -12,7 +12,8 @@ One XLA program per (B, P, T, G) and sampling mode:
      (N,Hkv,hd,T), values (N,Hkv,T,hd)) that the loop carries and XLA updates in place, and exits as
      soon as every row has emitted an EOS
      (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
-Token t of all rows is drawn from one key, fold_in(rng, t).
+Token t of all rows is drawn from one key, fold_in(rng, t): N uniforms, row n taking the n-th (with
+`row_block` (offset, total), the rows' block of the `total` uniforms the whole batch draws).
 """
 from __future__ import annotations
 
@@ -57,16 +58,23 @@ class Rollout:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p"))
+                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
 def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                      max_new_tokens, num_samples, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
-                     use_min_p=False):
+                     use_min_p=False, row_block=None):
     b, _ = prompts.shape
     g, t_max = num_samples, max_new_tokens
     n = b * g
     rows = jnp.arange(n)
-    draw = functools.partial(draw_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                             nucleus=nucleus, penalty=penalty, min_p=min_p if use_min_p else None)
+    warps = dict(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, nucleus=nucleus, penalty=penalty,
+                 min_p=min_p if use_min_p else None)
+
+    def draw(key, logits, seen):
+        if row_block is None:  # categorical draws (n,) uniforms from `key`
+            return draw_tokens(key, logits, seen=seen, **warps)
+        offset, total = row_block  # the same uniforms as the whole batch's, this block of them
+        uniform = jax.lax.dynamic_slice_in_dim(jax.random.uniform(key, (total,), jnp.float32), offset, n)
+        return draw_tokens(key, logits, seen=seen, uniform=uniform, **warps)
     # The repetition penalty's set per row: its prompt's tokens, then each token it draws (None: off).
     seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
     eos = jnp.asarray(eos_ids, jnp.int32)

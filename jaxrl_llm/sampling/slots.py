@@ -36,11 +36,12 @@ from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p"))
+                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
 def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                   max_new_tokens, num_samples, slots, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
-                  use_min_p=False):
-    """`generate` with `slots` decode slots (see the module docstring); arguments as `batch.generate_program`."""
+                  use_min_p=False, row_block=None):
+    """`generate` with `slots` decode slots (see the module docstring); arguments as `batch.generate_program`
+    (`row_block`'s offset is added to the row index of each draw's stream)."""
     b, _ = prompts.shape
     g, t_max, s = num_samples, max_new_tokens, slots
     n = b * g
@@ -56,7 +57,8 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     rows = jnp.arange(n, dtype=jnp.int32)
     # The repetition penalty's set of every row (None: off): its prompt's tokens, then each token it draws.
     seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
-    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows, 0 * rows),
+    offset = 0 if row_block is None else row_block[0]
+    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows + offset, 0 * rows),
                               seen=seen)
     seen = None if seen is None else mark(seen, rows, first)
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
@@ -84,7 +86,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
-            new, logp, blogp = draw(logits, uniform=row_uniforms(rng, row, t + 1),
+            new, logp, blogp = draw(logits, uniform=row_uniforms(rng, row + offset, t + 1),
                                     seen=None if seen is None else jnp.take(seen, jnp.minimum(row, n - 1), axis=0))
         seen = None if seen is None else mark(seen, row, new)
         # Token t+1 of each slot's row; an idle slot's row n is out of range and its writes are dropped.

@@ -59,6 +59,9 @@ class Produced:
     sample_s: float  # sampling and scoring time
     gen_tokens: float  # tokens generated (all DAPO rounds)
     weights_wait_s: float = 0.0  # how long the sampler waited for this version's weights
+    # This host's (first round's rows, info) that the rollout metrics reduce over every process, until
+    # the trainer's thread does it (`Producer.finish`, then None): the producer thread issues no collective.
+    unreduced: tuple | None = None
 
 
 def rollout_key(rng, ahead: int):
@@ -76,10 +79,11 @@ def staleness_metrics(p: Produced) -> dict[str, float]:
 
 class Producer:
     """The schedule run in the calling thread. `make(params, rng, version, step) -> Produced` samples
-    and scores the batch of `step` with `params` (after `version` updates) from the state key `rng`."""
+    and scores the batch of `step` with `params` (after `version` updates) from the state key `rng`;
+    `reduce(p)` completes its metrics over every process, in the trainer's thread."""
 
-    def __init__(self, make, k: int, total_steps: int):
-        self.make, self.k, self.total = make, k, total_steps
+    def __init__(self, make, k: int, total_steps: int, reduce=lambda p: None):
+        self.make, self.k, self.total, self.reduce = make, k, total_steps, reduce
         self.ready: dict[int, Produced] = {}
         self.started = False
 
@@ -110,11 +114,18 @@ class Producer:
         self.ready[step] = self.make(params, rng, version, step)
 
     def _take(self, step: int) -> Produced:
-        return self.ready.pop(step)
+        return self.finish(self.ready.pop(step))
+
+    def finish(self, p: Produced) -> Produced:
+        """`p` with its metrics over every process (collectives: in the trainer's thread, in step order)."""
+        if p.unreduced is not None:
+            self.reduce(p)
+            p.unreduced = None
+        return p
 
     def pending(self) -> list[Produced]:
         """The batches requested and not yet taken (finished first), by step: what a checkpoint stores."""
-        return [self.ready[s] for s in sorted(self.ready)]
+        return [self.finish(self.ready[s]) for s in sorted(self.ready)]
 
     def close(self) -> None:
         self.ready.clear()
@@ -122,10 +133,12 @@ class Producer:
 
 class ThreadedProducer(Producer):
     """The schedule with sampling in a background thread on the rollout mesh; `to_rollout(params)`
-    copies a policy version onto it."""
+    copies a policy version onto it. The thread runs under `dist.host_only`: on several processes each
+    samples its own rows on its own rollout mesh, and every collective (the weights' gather, the rows'
+    metrics, the agreement on a failure) is issued by the trainer's thread, in the same order everywhere."""
 
-    def __init__(self, make, k: int, total_steps: int, to_rollout):
-        super().__init__(make, k, total_steps)
+    def __init__(self, make, k: int, total_steps: int, to_rollout, reduce=lambda p: None):
+        super().__init__(make, k, total_steps, reduce)
         self.to_rollout = to_rollout
         self.requests: queue.Queue = queue.Queue()
         self.cond = threading.Condition()
@@ -141,9 +154,13 @@ class ThreadedProducer(Producer):
         copy = jax.block_until_ready(self.to_rollout(params))
         with self.cond:
             self.busy += 1
-        self.requests.put((step, copy, np.asarray(jax.device_get(rng)), version, time.perf_counter()))
+        self.requests.put((step, copy, dist.fetch(rng), version, time.perf_counter()))
 
     def _loop(self) -> None:
+        with dist.host_only():  # this thread's rows are this host's, its arrays on this host's devices
+            self._serve()
+
+    def _serve(self) -> None:
         idle_since = time.perf_counter()
         while True:
             item = self.requests.get()
@@ -166,26 +183,43 @@ class ThreadedProducer(Producer):
 
     def _wait(self, done) -> None:
         with self.cond:
-            while not done():
-                self._raise_if_failed()
+            while not done() and self.error is None:
                 if not self.thread.is_alive():
-                    raise RuntimeError("the rollout producer thread stopped without a batch")
+                    self.error = RuntimeError("the rollout producer thread stopped without a batch")
+                    break
                 self.cond.wait(_POLL_S)
-            self._raise_if_failed()
+        self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
+        """Raises the producer's error; on several processes, on every process when any failed (one small
+        gather in the trainer's thread, where every host calls it: a failure never leaves a host waiting
+        in a collective the failed one does not reach)."""
+        with self.cond:
+            error = self.error
+        if jax.process_count() == 1:
+            if error is not None:
+                raise error
+            return
+        said = "" if error is None else f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+        said_by = dist.allgather_lists([list(said.encode())])
+        if error is not None:
+            raise error
+        for process, words in enumerate(said_by):
+            if words:
+                raise RuntimeError(f"the rollout producer of process {process} failed: "
+                                   f"{bytes(words).decode(errors='replace')}")
 
     def _take(self, step: int) -> Produced:
         self._wait(lambda: step in self.ready)
         with self.cond:
-            return self.ready.pop(step)
+            p = self.ready.pop(step)
+        return self.finish(p)
 
     def pending(self) -> list[Produced]:
         self._wait(lambda: self.busy == 0)
         with self.cond:
-            return [self.ready[s] for s in sorted(self.ready)]
+            batches = [self.ready[s] for s in sorted(self.ready)]
+        return [self.finish(p) for p in batches]
 
     def close(self) -> None:
         """Stops the thread after its current batch (it is a daemon: an exiting process does not wait)."""
@@ -203,7 +237,8 @@ def to_json(p: Produced) -> dict:
     order: a collective) as a base64 .npz (no pickle), the rest as is."""
     buf = io.BytesIO()
     np.savez_compressed(buf, **gather_rows(p.local))
-    d = dataclasses.asdict(p)
+    d = dataclasses.asdict(dataclasses.replace(p, local={}, unreduced=None))
+    d.pop("unreduced")
     d["local"] = base64.b64encode(buf.getvalue()).decode("ascii")
     return d
 
@@ -230,49 +265,94 @@ def gather_rows(local: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ building
 def split_devices(c, devices=None):
-    """(training devices, rollout devices or None): the last `mesh.rollout_devices` sample. Refuses
-    what the producers do not support: a rollout mesh on several processes."""
+    """(training devices, this host's rollout devices or None): the last `mesh.rollout_devices` = r
+    sample. On P processes the split is per host: the last r/P devices of each host form its own
+    rollout mesh, sampling its own rows (none of the producer's work crosses hosts), the others all
+    train together. Refuses what the producers do not support."""
     devices = list(jax.devices() if devices is None else devices)
-    r = c.mesh.rollout_devices
+    r, P = c.mesh.rollout_devices, jax.process_count()
     if not r:
         return devices, None
-    if jax.process_count() > 1:
-        # The producer thread would run collectives (row gathers, the sampler's global arrays) next to the
-        # trainer's, in an order that differs between hosts: a deadlock, not an error.
-        raise ValueError("config.mesh.rollout_devices > 0 needs a single process for now (the producer thread's "
-                         "collectives are not ordered with the trainer's across hosts); set it to 0 -- "
-                         "rollout.max_staleness >= 1 works on several processes without it")
-    if r >= len(devices):
-        raise ValueError(f"config.mesh.rollout_devices={r} leaves no training device of the {len(devices)}")
     if c.rollout.batch_prompts % r:
         raise ValueError(f"config.rollout.batch_prompts={c.rollout.batch_prompts} must be divisible by "
                          f"mesh.rollout_devices={r} (the rollout mesh shards prompts over its devices)")
-    return devices[:-r], devices[-r:]
+    if P == 1:
+        if r >= len(devices):
+            raise ValueError(f"config.mesh.rollout_devices={r} leaves no training device of the {len(devices)}")
+        return devices[:-r], devices[-r:]
+    if r % P:
+        raise ValueError(f"config.mesh.rollout_devices={r} must be divisible by the {P} processes (each host "
+                         f"samples its rows on r/{P} of its own devices)")
+    # Episodes and DAPO's resampling take one decision over every host's rows per turn or round: a
+    # collective that a host sampling alone cannot issue.
+    for field, on in (("env.name", c.env.name), ("dapo.dynamic_sampling", c.dapo.dynamic_sampling)):
+        if on:
+            raise ValueError(f"config.{field} with mesh.rollout_devices > 0 needs a single process for now (each "
+                             f"host's rollout mesh samples alone, and this decides over every host's rows); "
+                             f"set mesh.rollout_devices=0 to run it on {P} processes")
+    hosts: dict[int, list] = {}
+    for d in devices:
+        hosts.setdefault(d.process_index, []).append(d)
+    per = r // P
+    if len(hosts) != P or min(len(h) for h in hosts.values()) <= per:
+        raise ValueError(f"config.mesh.rollout_devices={r} needs more than r/{P} = {per} devices on each of the {P} "
+                         f"processes, got {sorted(len(h) for h in hosts.values())}")
+    rollout = {id(d) for h in hosts.values() for d in h[-per:]}
+    return [d for d in devices if id(d) not in rollout], hosts[jax.process_index()][-per:]
 
 
 def batch_maker(c, rollouts, data, data_stats):
     """`make(params, rng, version, step) -> Produced` for the producers: samples, scores and reports the
-    batch of `step` with `rollouts` (on the sampling mesh)."""
+    batch of `step` with `rollouts` (on the sampling mesh); its rollout metrics over every process are
+    left to `reduce_metrics` in the trainer's thread."""
     from jaxrl_llm.trainer import report
     G = c.rollout.group_size
 
     def make(params, rng, version: int, step: int) -> Produced:
         local, first, info = rollouts.collect(params, rollout_key(rng, step - version), step)
         local["policy_version"] = np.full(len(local["scores"]), version, np.int32)
-        m = report.rollout_metrics(first, info, G, c.dapo.dynamic_sampling)
-        m.update(report.data_metrics(data, data_stats))  # where the data stands after this batch
+        m = report.data_metrics(data, data_stats)  # where the data stands after this batch
+        unreduced = ({k: first[k] for k in ("scores", "lengths", "truncated")},
+                     {k: info[k] for k in ("reward_metrics", "rounds", "kept_groups") if k in info})
         return Produced(step, version, local, m, report.samples(info, first, c.log.num_samples, G),
-                        info["sample_s"], info["gen_tokens"])
+                        info["sample_s"], info["gen_tokens"], unreduced=unreduced)
     return make
 
 
-def build_producer(c, make, rollout_mesh, mc, params) -> Producer:
+def reduce_metrics(c):
+    """`reduce(p)`: the reward/length metrics of `p`'s first round over every process's rows, first in
+    its metrics (collectives on several processes: called in the trainer's thread)."""
+    from jaxrl_llm.trainer import report
+
+    def reduce(p: Produced) -> None:
+        first, info = p.unreduced
+        p.metrics = {**report.rollout_metrics(first, info, c.rollout.group_size, c.dapo.dynamic_sampling),
+                     **p.metrics}
+    return reduce
+
+
+def build_producer(c, make, rollout_mesh, mc, params, train_mesh=None) -> Producer:
     """The threaded producer on `rollout_mesh` (laid out by the sharding rules for that mesh, whose
     sizes differ from the training one's), or, when it is None, the in-thread one."""
+    reduce = reduce_metrics(c)
     if rollout_mesh is None:
-        return Producer(make, c.rollout.max_staleness, c.total_steps)
+        return Producer(make, c.rollout.max_staleness, c.total_steps, reduce)
     from jaxrl_llm import sharding
     from jaxrl_llm.models import param_logical_axes
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     shardings = sharding.logical_to_sharding(param_logical_axes(mc), abstract, rollout_mesh)
-    return ThreadedProducer(make, c.rollout.max_staleness, c.total_steps, lambda p: jax.device_put(p, shardings))
+    to_rollout = ((lambda p: jax.device_put(p, shardings)) if jax.process_count() == 1 else
+                  host_copier(train_mesh, shardings))
+    return ThreadedProducer(make, c.rollout.max_staleness, c.total_steps, to_rollout, reduce)
+
+
+def host_copier(train_mesh, shardings):
+    """`to_rollout` of a rollout mesh per host: each parameter gathered whole onto every training device
+    (a jitted identity to the replicated sharding: the training devices' collective, issued by the
+    trainer's thread on every host alike, no host round trip), then this host's copy put on its rollout
+    mesh (device to device). One parameter at a time: one parameter, not the model, is replicated at once."""
+    whole = jax.jit(lambda x: x, out_shardings=jax.sharding.NamedSharding(train_mesh, jax.sharding.PartitionSpec()))
+
+    def copy_one(x, target):
+        return jax.block_until_ready(jax.device_put(whole(x).addressable_data(0), target))
+    return lambda params: jax.tree_util.tree_map(copy_one, params, shardings)

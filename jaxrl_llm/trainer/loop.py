@@ -183,9 +183,11 @@ class Trainer:
         updates ahead, in this thread or, on a rollout mesh, in a background one."""
         c = self.c
         rollouts = self.rollouts if self.rollout_mesh is None else Rollouts(
-            c, self.mc, self.rollout_mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids, self.pad_id)
+            c, self.mc, self.rollout_mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids, self.pad_id,
+            per_host=jax.process_count() > 1)  # several processes: each host's rollout mesh samples its rows
         make = async_rollout.batch_maker(c, rollouts, self.data, self.data_stats)
-        self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.policy(self.state))
+        self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.policy(self.state),
+                                                     self.mesh)
         self.producer.restore(self._inflight)
         self.is_async = c.rollout.max_staleness > 0 or self.rollout_mesh is not None
 

@@ -28,8 +28,10 @@ LENGTH_SHAPING = ("overlong", "length_penalty")
 class Rollouts:
     """Draws rollout batches from the prompt iterator with the current policy parameters."""
 
-    def __init__(self, c, mc, mesh, data, tokenizer, reward_fns, eos_ids, pad_id):
-        self.c, self.mesh, self.data, self.tokenizer = c, mesh, data, tokenizer
+    def __init__(self, c, mc, mesh, data, tokenizer, reward_fns, eos_ids, pad_id, per_host: bool = False):
+        # per_host: `mesh` holds only this host's devices, sampling its block of rows alone (a rollout mesh
+        # across hosts, under `dist.host_only`); its draws are those of its rows in the global batch.
+        self.c, self.mesh, self.data, self.tokenizer, self.per_host = c, mesh, data, tokenizer, per_host
         self.reward_fns, self.eos_ids, self.pad_id = reward_fns, eos_ids, pad_id
         # The sampler may compute in another precision than the trainer (a bfloat16 sampler, as an
         # inference engine would be): the rollout correction then sees the gap.
@@ -55,7 +57,7 @@ class Rollouts:
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                          repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         decode_slots=c.rollout.decode_slots)
+                         decode_slots=c.rollout.decode_slots, row_block=self._row_block(len(tokens)))
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
                  "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
@@ -66,6 +68,13 @@ class Rollouts:
             local["prompt_routes"] = dist.to_local(r.prompt_routes[:, ::c.rollout.group_size].transpose(1, 2, 0, 3))
         prompts, columns = self.reward_inputs(batch, local, step)
         return self._score(local, prompts, self.completions(local), columns)
+
+    def _row_block(self, prompts: int):
+        """(offset, total) of this host's rows in the global batch when it samples them alone, else None."""
+        if not self.per_host:
+            return None
+        n = prompts * self.c.rollout.group_size
+        return jax.process_index() * n, jax.process_count() * n
 
     def _score(self, local, prompts, completions, columns, env_rewards=None, env_metrics=None):
         """Scores the rows with the reward functions (+ the episodes' rewards): (local, scored)."""

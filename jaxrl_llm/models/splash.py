@@ -14,8 +14,6 @@ empty (the kernel's requirement), and its output, which every caller ignores, is
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -24,16 +22,18 @@ from jaxrl_llm.models.prefix import inline_prefix, with_static_window
 BLOCK = 128  # splash tile (query, key, and the backward's); sequences are padded to a multiple of it
 
 
-@functools.lru_cache(maxsize=32)
 def _kernel(heads: int, length: int, interpret: bool, window: int | None = None, softcap: float | None = None):
     """The splash kernel of one causal (length x length) mask [within the window] [soft-capped], for
-    `heads` query heads (built once)."""
+    `heads` query heads. Built per call, not cached: it holds its mask's arrays, and one built while
+    flax's scan traces a layer body would hold that trace's values (a cached one leaked into the next
+    trace, in the model's prefill then completion pass: tests/test_attention_windows_model.py)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     b = BLOCK
     sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
                           block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    return sk.make_splash_mha(splash_mask(heads, length, window), head_shards=1, q_seq_shards=1,
-                              block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=softcap), sk
+    with jax.ensure_compile_time_eval():  # its mask arrays concrete, not tracers of the trace that built it
+        return sk.make_splash_mha(splash_mask(heads, length, window), head_shards=1, q_seq_shards=1,
+                                  block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=softcap), sk
 
 
 def splash_mask(heads: int, length: int, window: int | None = None):
@@ -61,7 +61,7 @@ def splash_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, softcap=N
     qh, kh, vh = heads_first(q * jnp.asarray(hd ** -0.5, q.dtype)), heads_first(k), heads_first(v)
     cap = None if softcap is None else float(softcap)
 
-    # Built here, not in `lax.cond`'s branches: the cached kernels hold arrays, which must not be tracers.
+    # Built before `lax.cond` traces its branches, which close over them.
     static = (window,) if window is None or isinstance(window, int) else (window_size, None)
     kernels = {w: _kernel(h, length, interpret, w, cap) for w in static}
 

@@ -23,7 +23,7 @@ def _batch():
 
 
 @pytest.mark.parametrize("family,impl", [("gemma3_text", "cudnn"), ("gemma2", "splash")])
-def test_kernel_in_the_scanned_model_equals_blockwise(family, impl, monkeypatch):
+def test_kernel_in_the_scanned_model_equals_the_dense_path(family, impl, monkeypatch):
     if impl == "splash":
         pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
     cfg = config_from_hf_dict({**TINY, **FAMILIES[family], "model_type": family,

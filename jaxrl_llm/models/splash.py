@@ -25,15 +25,15 @@ BLOCK = 128  # splash tile (query, key, and the backward's); sequences are padde
 def _kernel(heads: int, length: int, interpret: bool, window: int | None = None, softcap: float | None = None):
     """The splash kernel of one causal (length x length) mask [within the window] [soft-capped], for
     `heads` query heads. Built per call, not cached: it holds its mask's arrays, and one built while
-    flax's scan traces a layer body would hold that trace's values (a cached one leaked into the next
-    trace, in the model's prefill then completion pass: tests/test_attention_windows_model.py)."""
+    flax's scan traces a layer body holds that trace's values (a cached one leaked into the next trace,
+    the model's prefill then completion pass: tests/test_attention_windows_model.py). The windowed mask
+    is block-sparse: the kernel skips the tiles wholly outside the window, as those above the diagonal."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     b = BLOCK
     sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
                           block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    with jax.ensure_compile_time_eval():  # its mask arrays concrete, not tracers of the trace that built it
-        return sk.make_splash_mha(splash_mask(heads, length, window), head_shards=1, q_seq_shards=1,
-                                  block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=softcap), sk
+    return sk.make_splash_mha(splash_mask(heads, length, window), head_shards=1, q_seq_shards=1,
+                              block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=softcap), sk
 
 
 def splash_mask(heads: int, length: int, window: int | None = None):

@@ -333,17 +333,3 @@ def test_window_skips_key_blocks_outside_it():
     for j in range(8):
         stop = int(_query_block_stop(j, bq, bk, 8, True, 6))
         assert all(q - kk >= 6 for q in range(stop * bq, 8 * bq) for kk in range(j * bk, j * bk + bk))
-
-
-def test_auto_takes_blockwise_for_windows_and_soft_caps_on_accelerators():
-    kw = dict(dtype=jnp.bfloat16, head_dim=128, keys=4096, segments=False)
-    assert resolve_attention("auto", backend="gpu", **kw) == "cudnn"
-    assert resolve_attention("auto", backend="tpu", **kw) == "splash"
-    for flags in (dict(windowed=True), dict(softcap=True)):
-        assert resolve_attention("auto", backend="gpu", **kw, **flags) == "blockwise"
-        assert resolve_attention("auto", backend="tpu", **kw, **flags) == "blockwise"
-        assert resolve_attention("auto", backend="cpu", **kw, **flags) == "blockwise"
-    with pytest.raises(ValueError, match="'cudnn' does not support a sliding window"):
-        resolve_attention("cudnn", backend="gpu", **kw, windowed=True)
-    with pytest.raises(ValueError, match="'splash' does not support an attention soft cap"):
-        resolve_attention("splash", backend="tpu", **kw, softcap=True)

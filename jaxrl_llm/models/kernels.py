@@ -7,10 +7,11 @@ key mask and segment ids [+ the prefix], and returns (N,S,H,hd):
 
   * xla: the dense path, (N,Hkv,R,S,S+P) float32 scores (`dense_attend`; today's arithmetic, exactly);
   * blockwise: models/attention.py, the flash-style pure-JAX path: no T x T array, causal blocks skipped;
-  * cudnn: `jax.nn.dot_product_attention(implementation='cudnn')`, GPU only;
-  * splash: the Pallas splash-attention kernel, TPU only;
-  * auto: cudnn on GPU where it applies, splash on TPU, and on CPU xla below `CPU_BLOCKWISE_MIN_KEYS`
-    keys per query and blockwise from there (measured: benchmarks/attention.py, docs/attention.md).
+  * cudnn: `jax.nn.dot_product_attention(implementation='cudnn')`, GPU only; windows, no soft cap;
+  * splash: the Pallas splash-attention kernel, TPU only; windows (LocalMask) and soft caps;
+  * auto: cudnn on GPU where it applies (`choose_attention` says why not), splash on TPU, and on CPU xla
+    below `CPU_BLOCKWISE_MIN_KEYS` keys per query and blockwise from there (measured:
+    benchmarks/attention.py, docs/attention.md).
 
 Outputs at query positions whose own mask is 0 are not specified (padding; every caller ignores them)
 except that they are finite; a query that sees no key gets zeros in blockwise, cudnn and splash.
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.attention import MASKED_SCORE, blockwise_attend
-from jaxrl_llm.models.prefix import inline_prefix
+from jaxrl_llm.models.prefix import inline_prefix, with_static_window
 
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 _BACKEND_OF = {"cudnn": ("gpu", "a GPU (cuDNN)"), "splash": ("tpu", "a TPU (Pallas splash attention)")}
@@ -46,39 +47,65 @@ def cudnn_supports(dtype, head_dim: int) -> bool:
         and head_dim <= 128
 
 
-def resolve_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool,
-                      windowed: bool = False, softcap: bool = False) -> str:
-    """The implementation `name` runs as: `auto` becomes a concrete one, the others are checked.
-    windowed / softcap: the layer has a sliding window / an attention soft cap, which the cuDNN and
-    splash wrappers do not pass on (`auto` takes blockwise there; naming them is an error)."""
+def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool,
+                     windowed: bool = False, softcap: bool = False) -> tuple[str, str]:
+    """(the implementation `name` runs as, why `auto` did not take the backend's kernel or ""). `auto`
+    becomes a concrete one, the others are checked (a one-line ValueError).
+    windowed / softcap: the layer has a sliding window / an attention soft cap. Every implementation takes
+    windows; cuDNN (as `jax.nn.dot_product_attention` exposes it) has no soft cap, so `auto` takes
+    blockwise for Gemma 2 on a GPU and naming cudnn there is an error."""
     check_attention(name, backend)
-    if name in ("cudnn", "splash") and (windowed or softcap):
-        what = "a sliding window" if windowed else "an attention soft cap"
-        raise ValueError(f"config.model.attention={name!r} does not support {what} (Mistral / Gemma layers); "
-                         f"use auto, xla or blockwise")
-    if name == "auto" and backend in ("gpu", "tpu") and (windowed or softcap):
-        return "blockwise"
+    if name == "cudnn" and softcap:
+        raise ValueError("config.model.attention='cudnn' does not support an attention soft cap (Gemma 2: "
+                         "jax.nn.dot_product_attention has none); use auto, xla or blockwise")
     if name == "cudnn" and not cudnn_supports(dtype, head_dim):
         raise ValueError(f"config.model.attention='cudnn' needs bfloat16/float16 compute and a head dim that is a "
                          f"multiple of 8 up to 128; got {jnp.dtype(dtype).name}, {head_dim}: use auto or blockwise")
     if name != "auto":
-        return name
+        return name, ""
     if backend == "gpu":
+        if softcap:
+            return "blockwise", "cuDNN has no attention soft cap"
+        if not cudnn_supports(dtype, head_dim):
+            return "blockwise", (f"cuDNN needs bfloat16/float16 and a head dim that is a multiple of 8 up to 128 "
+                                 f"(got {jnp.dtype(dtype).name}, {head_dim})")
         # cuDNN has no segment ids: with them (packing) it needs a dense mask, which blockwise avoids.
-        return "cudnn" if cudnn_supports(dtype, head_dim) and not segments else "blockwise"
+        return ("blockwise", "packed rows would need a dense (T, T) mask in cuDNN") if segments else ("cudnn", "")
     if backend == "tpu":
-        return "splash"
-    return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla"
+        return "splash", ""
+    return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla", ""
+
+
+def resolve_attention(name: str, **kw) -> str:
+    """The implementation `name` runs as (`choose_attention` without the reason)."""
+    return choose_attention(name, **kw)[0]
+
+
+def explain_attention(config, backend: str) -> list[str]:
+    """One line per layer kind of `config` (a ModelConfig: attention, dtype, head_dim, sliding_layers,
+    attn_softcap) saying which implementation long unpacked sequences take and why `auto` fell back.
+    Raises the one-line error of an implementation the model cannot use (setup calls it before loading)."""
+    kinds = sorted({"sliding" if s else "full" for s in config.sliding_layers}, reverse=True)
+    lines = []
+    for kind in kinds:  # the kinds share one scanned body: a window on one means a (traced) window on all
+        impl, why = choose_attention(config.attention, backend=backend, dtype=config.dtype,
+                                     head_dim=config.head_dim, keys=CPU_BLOCKWISE_MIN_KEYS, segments=False,
+                                     windowed="sliding" in kinds, softcap=config.attn_softcap is not None)
+        lines.append(f"model.attention={config.attention} on {backend}, {kind}-attention layers: {impl}"
+                     + (f" ({why})" if why else ""))
+    return lines
 
 
 def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256, scale=None,
-           softcap=None, window=None, positions=None):
+           softcap=None, window=None, window_size=None, positions=None):
     """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
     is blockwise's query and key tile (config.model.attention_block). scale: of the scores (default
     hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap); window: None or an int32 scalar
     (traced): query i sees key j only if i - j < window (indices, as transformers' mask), and the prefix's
     key p only if positions[i] - (its position among the real prompt tokens) < window: the prefix may hold
-    more than a left-padded prompt (the multi-turn sampler's cache slots). positions (N,S) int: the queries'."""
+    more than a left-padded prompt (the multi-turn sampler's cache slots). window_size: the static window
+    of the windowed layers, which a traced `window` equals or exceeds every sequence (cudnn and splash
+    build static masks: prefix.with_static_window). positions (N,S) int: the queries'."""
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None, windowed=window is not None,
@@ -92,9 +119,10 @@ def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block
     if scale is not None and scale != q.shape[-1] ** -0.5:  # these two scale by hd ** -0.5 themselves
         q = q * jnp.asarray(scale * q.shape[-1] ** 0.5, q.dtype)
     if impl == "cudnn":
-        return cudnn_attend(q, k, v, key_mask, segment_ids, prefix)
+        return cudnn_attend(q, k, v, key_mask, segment_ids, prefix, window=window, window_size=window_size)
     from jaxrl_llm.models.splash import splash_attend  # TPU-only module: imported where it runs
-    return splash_attend(q, k, v, key_mask, segment_ids, prefix)
+    return splash_attend(q, k, v, key_mask, segment_ids, prefix, softcap=softcap, window=window,
+                         window_size=window_size)
 
 
 def dense_mask(key_mask, segment_ids=None, window=None):
@@ -159,15 +187,21 @@ def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, w
     return out.reshape(n, s, h, hd)
 
 
-def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementation="cudnn"):
+def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, window=None, window_size=None,
+                 implementation="cudnn"):
     """cuDNN flash attention (`implementation` is a parameter so that CPU tests can run the same wrapper
-    through JAX's reference 'xla' implementation).
+    through JAX's reference 'xla' implementation). window, window_size as in `attend`.
 
     cuDNN knows causal masks and per-row lengths of right-padded rows, not arbitrary key masks. A stable
     sort moves each row's real tokens to the front in their order: causal attention among them is then
     exactly causal attention under the key mask, for every real query (left or right padding, holes).
-    Padded queries land past the row's length and get zeros. With segment ids cuDNN needs the dense
-    (N,1,S,S) boolean mask (jax.nn.dot_product_attention has no segment ids): use blockwise for packing.
+    Padded queries land past the row's length and get zeros. A window, `local_window_size=(w - 1, 0)`
+    (JAX: key j visible iff i - j <= w - 1; cuDNN's exclusive left bound w), then counts real tokens: it
+    equals `attend`'s (indices for the self keys, positions for the prefix's) whenever each row's real
+    self tokens are contiguous (every row the library builds: left-padded prompts, right-padded
+    completions and turns), not across holes in the key mask. With segment ids cuDNN needs the dense
+    (N,1,S,S) boolean mask, which holds the window by indices (jax.nn.dot_product_attention has no
+    segment ids): use blockwise for packing.
     """
     p = 0
     if prefix is not None:
@@ -178,14 +212,15 @@ def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, implementa
         segment_ids = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (0, 1)))
     key_mask = key_mask.astype(bool)
     if segment_ids is not None:
-        mask = dense_mask(key_mask, segment_ids)
+        mask = dense_mask(key_mask, segment_ids, window)
         out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
         return jnp.where(jnp.any(mask, axis=-1)[..., None, None], out, 0).astype(q.dtype)[:, :s]
     order = jnp.argsort(~key_mask, axis=1, stable=True)  # real tokens first, in their order
     lengths = jnp.sum(key_mask, axis=1, dtype=jnp.int32)
     gather = lambda x, idx: jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
-    out = jax.nn.dot_product_attention(gather(q, order), gather(k, order), gather(v, order), is_causal=True,
-                                       query_seq_lengths=lengths, key_value_seq_lengths=lengths,
-                                       implementation=implementation)
-    out = gather(out, jnp.argsort(order, axis=1))
+    qs, ks, vs = gather(q, order), gather(k, order), gather(v, order)
+    run = lambda w: jax.nn.dot_product_attention(
+        qs, ks, vs, is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+        local_window_size=None if w is None else (w - 1, 0), implementation=implementation)
+    out = gather(with_static_window(run, window, window_size), jnp.argsort(order, axis=1))
     return jnp.where(key_mask[:, :, None, None], out, 0).astype(q.dtype)[:, p:s]

@@ -235,7 +235,8 @@ class Block(nn.Module):
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
         a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
-                   softcap=c.attn_softcap, window=layer_window(c, sliding), positions=positions)
+                   softcap=c.attn_softcap, window=layer_window(c, sliding), window_size=c.sliding_window,
+                   positions=positions)
         a = dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
         x = x + (norm("attn_out_norm")(a) if c.sandwich_norm else a)
 

@@ -27,7 +27,7 @@ from jaxrl_llm.evaluate.evaluator import eval_source
 from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value, lora,
                               param_logical_axes, value_logical_axes)
 from jaxrl_llm.models.config import read_hf_config
-from jaxrl_llm.models.kernels import check_attention
+from jaxrl_llm.models.kernels import check_attention, explain_attention
 from jaxrl_llm.rewards import UserReward, get_reward_fn
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.adapters import model_fields
@@ -100,7 +100,10 @@ def load_model_config(c: ml_collections.ConfigDict):
         raise ValueError(f"config.data.max_prompt_length + rollout.max_new_tokens = "
                          f"{c.data.max_prompt_length + c.rollout.max_new_tokens} exceeds the model's "
                          f"max_position_embeddings {mc.max_position_embeddings}")
-    return model_path, tokenizer, mc.replace(**model_fields(c)), eos_ids, pad_id
+    mc = mc.replace(**model_fields(c))
+    for line in explain_attention(mc, jax.default_backend()):  # an implementation the model cannot use fails here
+        log.info(line)
+    return model_path, tokenizer, mc, eos_ids, pad_id
 
 
 def check_batch_fits(c: ml_collections.ConfigDict, mesh) -> None:

@@ -174,9 +174,6 @@ def _validate_distill(c) -> None:
         if c.env.name or c.dapo.dynamic_sampling:
             _fail("distill.lmbda", "1 with env.name or dapo.dynamic_sampling (supervised rows are single-turn, "
                   "never resampled)", c.distill.lmbda)
-    if c.teacher.path and c.distill.kind == "gkd" and c.train.pack_length:
-        _fail("train.pack_length", "0 with distill.kind='gkd' (the full-vocabulary divergence reads unpacked rows)",
-              c.train.pack_length)
 
 
 def _validate_advantage(c) -> None:

@@ -161,19 +161,14 @@ def _validate_distill(c) -> None:
         _fail("teacher.path", f"a teacher model (HF directory or hub name) with algo={c.algo} (advantage.estimator="
               f"{c.advantage.estimator})", c.teacher.path)
     _check(c, "distill.lmbda", lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1] (the fraction of prompts on-policy)")
-    if c.distill.seq_kd:
-        _fail("distill.seq_kd", "False (teacher-sampled supervised rows are not supported; give them as "
-              "data.completion_column)", c.distill.seq_kd)
-    if c.distill.lmbda < 1:
-        if not (c.teacher.path and c.distill.kind == "gkd"):
-            _fail("distill.lmbda", "1 unless distill.kind='gkd' with a teacher.path (supervised rows train gkd only)",
-                  c.distill.lmbda)
-        if not c.data.completion_column:
-            _fail("data.completion_column", f"the column of the supervised completions with distill.lmbda="
-                  f"{c.distill.lmbda} < 1", c.data.completion_column)
-        if c.env.name or c.dapo.dynamic_sampling:
-            _fail("distill.lmbda", "1 with env.name or dapo.dynamic_sampling (supervised rows are single-turn, "
-                  "never resampled)", c.distill.lmbda)
+    _check(c, "distill.seq_kd", lambda v: v is False, "False (write the teacher's completions to data.completion_column)")
+    lmbda, sup = c.distill.lmbda, c.distill.lmbda < 1  # GKD's supervised rows (trainer/supervised.py)
+    if sup and not (c.teacher.path and c.distill.kind == "gkd"):
+        _fail("distill.lmbda", "1 unless distill.kind='gkd' with a teacher.path (supervised rows train gkd only)", lmbda)
+    if sup and not c.data.completion_column:
+        _fail("data.completion_column", f"the column of the supervised completions with distill.lmbda={lmbda} < 1", "")
+    if sup and (c.env.name or c.dapo.dynamic_sampling):
+        _fail("distill.lmbda", "1 with env.name or dapo.dynamic_sampling (supervised rows are single-turn)", lmbda)
 
 
 def _validate_advantage(c) -> None:

@@ -81,25 +81,23 @@ def test_lmbda_half_keeps_the_samples_of_lmbda_one_on_its_on_policy_prompts(mixe
     assert np.all(half["sampler_logp"][sup] == 0)
 
 
-@pytest.mark.parametrize("beta", [0.5])
-def test_lmbda_zero_trains_trl_generalized_jsd_on_the_dataset_completions(mixed, beta):
+def test_lmbda_zero_trains_trl_generalized_jsd_on_the_dataset_completions(mixed):
     """λ = 0: every row is its prompt's answer; one step's `distill/jsd` (the token mean of the
-    divergence on the loss tokens, before the update) equals TRL's GKDTrainer.generalized_jsd_loss on
-    the transformers models of the student's initial weights and the teacher, on those rows, although
+    divergence on the loss tokens, before the update) equals TRL's GKDTrainer.generalized_jsd_loss (β 0.5)
+    on the transformers models of the student's initial weights and the teacher, on those rows, although
     token_mask would mask every row if the supervised rows were corrected."""
     torch = pytest.importorskip("torch")
     gkd = pytest.importorskip("trl.experimental.gkd")
     import transformers
-    t0, root = mixed
-    c = copy.deepcopy(t0.c)
-    c.distill.lmbda, c.distill.beta = 0.0, beta
-    t = Trainer(c, str(root / f"work0_{beta}"))
+    t, root = mixed
+    c = t.rollouts.c = copy.deepcopy(t.c)  # the same trainer (compiled steps), its rollouts at λ = 0
+    c.distill.lmbda = 0.0
     batch = t.producer.next(t.state, t.policy(t.state))
     local = batch.local
     assert np.all(local["supervised"] == 1)
-    _, m, _ = t.update_step(t.state, batch, time.perf_counter())
+    t.state, m, _ = t.update_step(t.state, batch, time.perf_counter())  # the state is donated
     assert m["policy/loss"] == 0.0 and np.isfinite(m["policy/grad_norm"]) and m["policy/grad_norm"] > 0
-    student = save_teacher(root / f"student_{beta}", t.c)  # the student's initial weights
+    student = save_teacher(root / "student", t.c)  # the student's initial weights
     hs, ht = (transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in (student, c.teacher.path))
     s_rows, t_rows, labels, G = [], [], [], c.rollout.group_size
     for n in range(len(local["tokens"])):
@@ -111,7 +109,7 @@ def test_lmbda_zero_trains_trl_generalized_jsd_on_the_dataset_completions(mixed,
             t_rows.append(ht(ids).logits[0, len(p) - 1:len(p) - 1 + len(comp)])
         labels.append(torch.tensor(comp.astype(np.int64)))
     want = gkd.GKDTrainer.generalized_jsd_loss(torch.cat(s_rows)[None], torch.cat(t_rows)[None],
-                                               labels=torch.cat(labels)[None], beta=beta,
+                                               labels=torch.cat(labels)[None], beta=c.distill.beta,
                                                temperature=c.rollout.temperature).item()
     np.testing.assert_allclose(m["distill/jsd"], want, rtol=2e-4, atol=1e-6)
 

@@ -173,6 +173,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.distill.beta = 0.5  # gkd: 0 = forward KL(teacher||student), 1 = reverse KL(student||teacher)
     c.distill.gamma = 0.0  # opd: discount of the per-token rewards (0 = each token's own)
     c.distill.vocab_chunk = 4096  # gkd: vocabulary columns per chunk ((rows, T, chunk) is the largest block)
+    c.distill.lmbda = 1.0  # gkd: fraction of each batch's prompts on-policy (TRL's lmbda); the others supervised
+    c.distill.seq_kd = False  # TRL's seq_kd (teacher-sampled supervised rows): refused, see distillation.md
 
     c.ref = ml_collections.ConfigDict()
     c.ref.refresh_every = 0  # > 0: every K steps, ref <- mix_alpha*policy + (1 - mix_alpha)*ref

@@ -48,6 +48,8 @@ TRL_FIELDS: dict[str, tuple[str, ...]] = {
     "ref_model_mixup_alpha": ("ref.mix_alpha",),
     "vllm_importance_sampling_cap": ("correction.cap",),
     "gradient_checkpointing": ("model.remat",),
+    "lmbda": ("distill.lmbda", "data.completion_column"),  # GKDConfig's
+    "seq_kd": ("distill.seq_kd",),
 }
 
 

@@ -160,9 +160,15 @@ def _validate_distill(c) -> None:
     if (c.algo in ("opd", "gkd") or c.advantage.estimator == "none") and not c.teacher.path:
         _fail("teacher.path", f"a teacher model (HF directory or hub name) with algo={c.algo} (advantage.estimator="
               f"{c.advantage.estimator})", c.teacher.path)
-    if c.teacher.path and c.distill.kind == "gkd" and c.train.pack_length:
-        _fail("train.pack_length", "0 with distill.kind='gkd' (the full-vocabulary divergence reads unpacked rows)",
-              c.train.pack_length)
+    _check(c, "distill.lmbda", lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1] (the fraction of prompts on-policy)")
+    _check(c, "distill.seq_kd", lambda v: v is False, "False (write the teacher's completions to data.completion_column)")
+    lmbda, sup = c.distill.lmbda, c.distill.lmbda < 1  # GKD's supervised rows (trainer/supervised.py)
+    if sup and not (c.teacher.path and c.distill.kind == "gkd"):
+        _fail("distill.lmbda", "1 unless distill.kind='gkd' with a teacher.path (supervised rows train gkd only)", lmbda)
+    if sup and not c.data.completion_column:
+        _fail("data.completion_column", f"the column of the supervised completions with distill.lmbda={lmbda} < 1", "")
+    if sup and (c.env.name or c.dapo.dynamic_sampling):
+        _fail("distill.lmbda", "1 with env.name or dapo.dynamic_sampling (supervised rows are single-turn)", lmbda)
 
 
 def _validate_advantage(c) -> None:

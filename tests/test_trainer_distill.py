@@ -73,7 +73,6 @@ def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
     ({"algo": "gkd", "teacher.path": "t", "distill.beta": 1.5}, r"config.distill.beta must be in \[0, 1\]"),
     ({"algo": "gkd", "teacher.path": "t", "distill.vocab_chunk": 0}, "config.distill.vocab_chunk must be an int >= 1"),
     ({"algo": "opd", "teacher.path": "t", "distill.kind": "kd"}, "config.distill.kind must be one of opd, gkd"),
-    ({"algo": "gkd", "teacher.path": "t", "train.pack_length": 64}, "config.train.pack_length must be 0 with"),
     ({"algo": "opd", "teacher.path": "t", "teacher.dtype": "int8"}, "config.teacher.dtype must be"),
 ])
 def test_distillation_config_errors(fields, message):

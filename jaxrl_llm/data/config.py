@@ -35,6 +35,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     c.prompt_column = "question"  # column holding the prompt (text or a list of chat messages)
     c.prompt_template = ""  # format string over the row's columns, e.g. "Q: {question}\nA:"; wins over prompt_column
     c.answer_column = "answer"  # the reference answer: required, in samples.jsonl, eval's maj@k; "" for none
+    c.completion_column = ""  # gkd with distill.lmbda < 1: the supervised rows' completions (text); "" for none
     c.extra_columns = ()  # further columns that must be present, e.g. ("tests",); every column reaches the rewards
     c.system_prompt = ""  # system message (chat template), or a first paragraph of raw prompts
     c.use_chat_template = ml_collections.FieldReference("auto", field_type=object)  # 'auto' | True | False
@@ -68,7 +69,7 @@ def validate_data_config(config) -> None:
     if missing:
         raise ValueError(f"data config lacks fields {missing}; start from default_data_config()")
     for field in ("path", "name", "split", "cache_dir", "prompt_column", "prompt_template", "answer_column",
-                  "system_prompt"):
+                  "completion_column", "system_prompt"):
         _check_type(config, field, str, "a string")
     if not config.split:
         raise ValueError("data.split must name a split, e.g. 'train'")

@@ -144,6 +144,7 @@ def _required_columns(config) -> list[str]:
     else:
         needed = [config.prompt_column]
     passthrough = ([config.answer_column] if config.answer_column else []) + list(config.extra_columns)
+    passthrough += [config.completion_column] if config.get("completion_column") else []
     return needed + [c for c in passthrough if c not in needed]
 
 

@@ -77,6 +77,7 @@ def load_eval_data(c, tokenizer, held_out=None):
     from jaxrl_llm.data.tasks import load_task
 
     d = copy.deepcopy(c.data)
+    d.completion_column = ""  # held-out prompts are sampled, never supervised
     n = c.eval.num_prompts
     source = eval_source(c)
     if source == "path":

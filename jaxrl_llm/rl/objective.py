@@ -19,7 +19,8 @@ tokens, `loss_mask` (N,T) tokens that enter the loss, `behavior_logp` (N,T) log-
 sampler drew from, `old_logp` (N,T) the proximal policy's (before this step's updates; the behaviour's
 unless recomputed), `ref_logp` (N,T) the reference's (with KL), `old_values`/`returns` (N,T) and
 `last_values` (N,) (value model), `process_rewards`/`process_mask` (N,T) (process rewards), and what
-`prepare` adds: `is_weights` (N,T), `adv` (N,) or (N,T).
+`prepare` adds: `is_weights` (N,T), `adv` (N,) or (N,T). `supervised` (N,) 1/0 (gkd with distill.lmbda < 1,
+trainer/supervised.py): rows whose completion came from the dataset, trained by the divergence alone.
 """
 from __future__ import annotations
 
@@ -225,11 +226,16 @@ class Objective:
         (`adv`, `returns`) on what is kept."""
         # Rows without loss tokens (DAPO's fillers, masked truncations) are not trained, and with sequence
         # packing not even scored (their log-probs are 0): the statistics read the other rows alone.
-        seen_rows = jnp.any(b["loss_mask"] > 0, axis=1)
+        # GKD's supervised rows (`supervised`, distill.lmbda < 1) have no sampler log-probs: they stay out
+        # of the correction and of what reads the sampler (kept whole; the divergence alone trains them).
+        sup = b["supervised"][:, None] > 0 if "supervised" in b else None
+        seen_rows = jnp.any(b["loss_mask"] > 0, axis=1) & (True if sup is None else ~sup[:, 0])
         seen = b["mask"] * seen_rows[:, None]
         weights, keep, stats = rollout_correction(b["behavior_logp"], b["old_logp"], seen,
                                                   mode=self.correction_mode, cap=self.correction_cap,
                                                   lower=self.correction_lower)
+        if sup is not None:
+            weights, keep = jnp.where(sup, 1.0, weights), jnp.where(sup, 1.0, keep)
         loss_mask = b["loss_mask"] * keep
         adv, returns, kl_stats = self.advantages({**b, "loss_mask": loss_mask}, kl_coef, seen)
         return ({"adv": adv, "returns": returns, "loss_mask": loss_mask, "is_weights": weights,
@@ -278,7 +284,8 @@ class Objective:
 
     def _nll_mask(self, mb):
         """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
-        return mb["loss_mask"] * (mb["scores"] >= self.nll_threshold)[:, None]
+        m = mb["loss_mask"] * (1.0 - mb["supervised"][:, None]) if "supervised" in mb else mb["loss_mask"]
+        return m * (mb["scores"] >= self.nll_threshold)[:, None]
 
     def policy_loss(self, logp, entropy, mb, kl_coef, den, divergence=None):
         """Surrogate [+ β·KL in the loss] [− c_H·entropy] [+ NLL] of one micro-batch, over the step's
@@ -291,8 +298,9 @@ class Objective:
         gradient reaches the student), added as distill_coef·aggregate(divergence).
         """
         m = mb["loss_mask"]
+        mp = m * (1.0 - mb["supervised"][:, None]) if "supervised" in mb else m  # supervised rows: divergence only
         pl, pm = policy_loss(
-            logp, mb["old_logp"], mb["adv"], m, ratio=self.ratio, surrogate=self.surrogate,
+            logp, mb["old_logp"], mb["adv"], mp, ratio=self.ratio, surrogate=self.surrogate,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
             sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg, cispo_max=self.cispo_max,
             aggregate=self.aggregate, norm_length=self.norm_length, denominator=den["policy"],
@@ -303,11 +311,11 @@ class Objective:
             if self.kl_importance_weighted:  # tokens come from the proximal policy, the term is at θ
                 ratio = jnp.exp(jnp.clip(logp - mb["old_logp"], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
                 kl = kl * lax.stop_gradient(ratio)
-            loss = loss + kl_coef * aggregate_sum(kl, m, self.aggregate) / den["policy"]
+            loss = loss + kl_coef * aggregate_sum(kl, mp, self.aggregate) / den["policy"]
         if divergence is not None:
             loss = loss + self.distill_coef * aggregate_sum(divergence, m, self.aggregate) / den["policy"]
         if self.entropy_coef > 0:
-            loss = loss - self.entropy_coef * aggregate_sum(entropy, m, self.aggregate) / den["policy"]
+            loss = loss - self.entropy_coef * aggregate_sum(entropy, mp, self.aggregate) / den["policy"]
         ntok = jnp.sum(m)
         metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(m > 0, entropy, 0.0)), "ntok": ntok,
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},

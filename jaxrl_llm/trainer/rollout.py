@@ -18,6 +18,7 @@ from jaxrl_llm import envs, faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch, reward_columns
 from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate
+from jaxrl_llm.trainer import supervised
 from jaxrl_llm.trainer.episodes import sample_episodes
 
 _PROMPT_KEYS = ("prompt_tokens", "prompt_mask", "prompt_routes")  # indexed by prompt; every other key by row
@@ -50,6 +51,21 @@ class Rollouts:
         if self.env is not None:
             return self._episode_round(batch, params, key, step)
         tokens, pmask = pad_prompt_batch(batch, c.data.max_prompt_length, self.pad_id)
+        if c.distill.lmbda < 1:  # GKD's supervised prompts (trainer/supervised.py)
+            sup = supervised.supervised_prompts(key, c.distill.lmbda, len(tokens))
+            rows = supervised.encode_completions(self.tokenizer, batch[c.data.completion_column],
+                                                 c.rollout.max_new_tokens, self.eos_ids[0], self.pad_id)
+            local = None if sup.all() else self._sampled(tokens, pmask, params, key)  # λ·B = 0: nothing sampled
+            local = {"prompt_tokens": tokens, "prompt_mask": pmask,
+                     **supervised.mix_rows(local, sup, rows, c.rollout.group_size)}
+        else:
+            local = {"prompt_tokens": tokens, "prompt_mask": pmask, **self._sampled(tokens, pmask, params, key)}
+        prompts, columns = self.reward_inputs(batch, local, step)
+        return self._score(local, prompts, self.completions(local), columns)
+
+    def _sampled(self, tokens, pmask, params, key) -> dict:
+        """This host's rows sampled by the policy from the prompts (B,P): tokens, masks and log-probs."""
+        c = self.c
         prompts_g, pmask_g = dist.to_global(tokens, self.rows_sharding), dist.to_global(pmask, self.rows_sharding)
         with sharding.use_mesh(self.mesh):
             r = generate(self.mc, params, prompts_g, pmask_g, key, max_new_tokens=c.rollout.max_new_tokens,
@@ -59,15 +75,13 @@ class Rollouts:
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=c.rollout.decode_slots, row_block=self._row_block(len(tokens)))
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
-        local = {"prompt_tokens": tokens, "prompt_mask": pmask, "tokens": dist.to_local(r.tokens),
-                 "mask": dist.to_local(r.mask), "sampler_logp": dist.to_local(r.logprobs),
-                 "behavior_logp": dist.to_local(r.behavior_logprobs), "lengths": dist.to_local(r.lengths),
-                 "truncated": dist.to_local(r.truncated)}
+        local = {"tokens": dist.to_local(r.tokens), "mask": dist.to_local(r.mask),
+                 "sampler_logp": dist.to_local(r.logprobs), "behavior_logp": dist.to_local(r.behavior_logprobs),
+                 "lengths": dist.to_local(r.lengths), "truncated": dist.to_local(r.truncated)}
         if r.routes is not None and c.model.routing_replay:  # MoE: the experts the sampler chose, to replay
             local["routes"] = dist.to_local(r.routes.transpose(1, 2, 0, 3))  # (N,T,L,k): rows first
             local["prompt_routes"] = dist.to_local(r.prompt_routes[:, ::c.rollout.group_size].transpose(1, 2, 0, 3))
-        prompts, columns = self.reward_inputs(batch, local, step)
-        return self._score(local, prompts, self.completions(local), columns)
+        return local
 
     def _row_block(self, prompts: int):
         """(offset, total) of this host's rows in the global batch when it samples them alone, else None."""
@@ -192,6 +206,8 @@ class Rollouts:
         for k in ("routes", "prompt_routes"):  # MoE routing replay: (rows, tokens, L, k)
             if k in local:
                 out[k] = dist.to_global(np.asarray(local[k], np.int32), sharding.batch_sharding(self.mesh, 4))
+        if "supervised" in local:  # GKD's supervised rows (distill.lmbda < 1): the divergence alone
+            out["supervised"] = put(local["supervised"], np.float32)
         if "attention_mask" in local:  # multi-turn: the forward attends to environment tokens too
             out["attention_mask"] = put(local["attention_mask"], np.int32)
         if self.process:

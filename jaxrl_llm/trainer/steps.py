@@ -29,7 +29,8 @@ import optax
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.transformer import lm_head_weight
-from jaxrl_llm.models.packing import completion_extent, packed_logprobs, packed_values
+from jaxrl_llm.models.packing import (completion_extent, pack_layout, packed_hidden, packed_logprobs, packed_values,
+                                      unpack)
 from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
@@ -103,18 +104,29 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
 
 
 def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, policy, teacher, b, temperature,
-                   dropout_rng=None):
+                   dropout_rng=None, pack=None, pack_length=0):
     """(log-probs (n,T), entropies (n,T), generalized JSD (n,T)) of the student `policy` on the batch's
-    completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py)."""
+    completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py). With a
+    packing plan both models read the same packed rows (models/packing.py) and the three are unpacked to
+    the completion layout: equal on every real completion token, 0 elsewhere."""
+    jsd = lambda h, th: generalized_jsd(h, lm_head_weight(mc, policy), jax.lax.stop_gradient(th),
+                                        lm_head_weight(tmc, teacher), beta=objective.distill_beta,
+                                        temperature=temperature, chunk=objective.distill_chunk,
+                                        dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
+    if pack is not None:
+        packed, source, valid = pack_layout(b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
+                                            pack_length)
+        hidden = packed_hidden(mc, policy, packed, dropout_rng)  # (R,L,D): the slots
+        targets = jnp.roll(packed["tokens"], -1, axis=1)  # the token each slot predicts
+        logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True)
+        div = jsd(hidden, packed_hidden(tmc, teacher, packed))
+        T = b["tokens"].shape[1]
+        return tuple(unpack(x, source, valid, T) for x in (logp, ent, div))
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng)
     logp, ent = logprobs_from_hidden(mc, policy, hidden, b["tokens"], temperature, with_entropy=True)
-    t_hidden = jax.lax.stop_gradient(completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"],
-                                                       b["tokens"], attended(b)))
-    div = generalized_jsd(hidden, lm_head_weight(mc, policy), t_hidden, lm_head_weight(tmc, teacher),
-                          beta=objective.distill_beta, temperature=temperature, chunk=objective.distill_chunk,
-                          dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
-    return logp, ent, div
+    t_hidden = completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
+    return logp, ent, jsd(hidden, t_hidden)
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None):
@@ -163,9 +175,9 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
     def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
         """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
         packing, div = {"pack": pack, "pack_length": plan.pack_length}, None
-        if objective.distill == "gkd":  # unpacked (validation refuses packing with gkd)
+        if objective.distill == "gkd":
             logp, ent, div = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
-                                            plan.temperature, dropout_rng)
+                                            plan.temperature, dropout_rng, **packing)
         else:
             logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
                                 dropout_rng=dropout_rng, **packing)

@@ -175,25 +175,24 @@ REMAT_MODES = ("none", "full", "dots")
 
 @pytest.fixture(scope="module")
 def remat_grads(base):
-    """{remat: (adapter gradients, full-parameter gradients of the base, adapters after one Adam step)}
-    of a GRPO-like loss (log-probs of the prompt-shared completion pass weighted by random advantages)."""
+    """{remat: (adapter gradients, full-parameter gradients of the model without adapters, adapters after
+    one Adam step)} of a GRPO-like loss: log-probs of the trainer's prompt-shared completion pass (a
+    left-padded prompt) weighted by random advantages. All modes' gradients in one program: one compile."""
     import optax
     from jaxrl_llm.models import completion_hidden, logprobs_from_hidden
     _, _, mc, params = base
     ad = adapters_of(mc)  # B = 0: the first step of a LoRA run
-    rng = np.random.default_rng(3)
-    args = (TOKENS[:1, :3], np.ones((1, 3), np.int32), TOKENS[:2, 3:], np.ones((2, 3), np.int32))
-    weight = rng.normal(size=(2, 3)).astype(np.float32)
-    loss = lambda c, p: (weight * logprobs_from_hidden(c, p, completion_hidden(c, p, *args), args[2])).sum()
-    out = {}
-    for remat in REMAT_MODES:
-        c = mc.replace(remat=remat)
-        g_ad = jax.grad(lambda a: loss(c, lora.join(params, a)))(ad)
-        g_full = jax.grad(lambda w: loss(lora.base_config(c), w))(params)
-        tx = optax.adam(1e-2)
-        updates, _ = tx.update(g_ad, tx.init(ad), ad)
-        out[remat] = g_ad, g_full, optax.apply_updates(ad, updates)
-    return out
+    args = (TOKENS[:1, :4], np.array([[0, 1, 1, 1]], np.int32), TOKENS[:, 4:], np.array([[1, 1], [1, 0]], np.int32))
+    weight = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32)
+    loss = lambda c, p: (weight * args[3] * logprobs_from_hidden(c, p, completion_hidden(c, p, *args), args[2])).sum()
+
+    def grads(ad, params):
+        return {r: (jax.grad(lambda a: loss(mc.replace(remat=r), lora.join(params, a)))(ad),
+                    jax.grad(lambda w: loss(lora.base_config(mc).replace(remat=r), w))(params)) for r in REMAT_MODES}
+
+    tx = optax.adam(1e-2)
+    step = jax.jit(lambda g: optax.apply_updates(ad, tx.update(g, tx.init(ad), ad)[0]))
+    return {r: (g_ad, g_full, step(g_ad)) for r, (g_ad, g_full) in jax.jit(grads)(ad, params).items()}
 
 
 def test_remat_modes_are_all_covered():

@@ -6,6 +6,13 @@ def digit_fraction(prompts, completions, **_):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
+def char_code(prompts, completions, **_):
+    """The completion's character codes summed, mod 10, in [0, 1]: two different completions of a group
+    almost always score differently, so every group has a learning signal (digit_fraction scores 0 for
+    every completion of a random model with a byte-level tokenizer that rarely samples a digit)."""
+    return [(sum(map(ord, c)) % 10) / 9 for c in completions]
+
+
 def raises_on_x(prompts, completions, **_):
     if any("x" in c for c in completions):
         raise RuntimeError("found an x")

@@ -169,10 +169,63 @@ def test_dropout_acts_on_the_adapter_input_only_given_a_dropout_rng(base):
                   - completion_hidden(mc, policy, *args)).max() > 1e-3
 
 
+# -------------------------------------------------------------------------------------------- remat
+REMAT_MODES = ("none", "full", "dots")
+
+
+@pytest.fixture(scope="module")
+def remat_grads(base):
+    """{remat: (adapter gradients, full-parameter gradients of the model without adapters, adapters after
+    one Adam step)} of a GRPO-like loss: log-probs of the trainer's prompt-shared completion pass (a
+    left-padded prompt) weighted by random advantages. All modes' gradients in one program: one compile."""
+    import optax
+    from jaxrl_llm.models import completion_hidden, logprobs_from_hidden
+    _, _, mc, params = base
+    ad = adapters_of(mc)  # B = 0: the first step of a LoRA run
+    args = (TOKENS[:1, :4], np.array([[0, 1, 1, 1]], np.int32), TOKENS[:, 4:], np.array([[1, 1], [1, 0]], np.int32))
+    weight = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32)
+    loss = lambda c, p: (weight * args[3] * logprobs_from_hidden(c, p, completion_hidden(c, p, *args), args[2])).sum()
+
+    def grads(ad, params):
+        return {r: (jax.grad(lambda a: loss(mc.replace(remat=r), lora.join(params, a)))(ad),
+                    jax.grad(lambda w: loss(lora.base_config(mc).replace(remat=r), w))(params)) for r in REMAT_MODES}
+
+    tx = optax.adam(1e-2)
+    step = jax.jit(lambda g: optax.apply_updates(ad, tx.update(g, tx.init(ad), ad)[0]))
+    return {r: (g_ad, g_full, step(g_ad)) for r, (g_ad, g_full) in jax.jit(grads)(ad, params).items()}
+
+
+def test_remat_modes_are_all_covered():
+    from jaxrl_llm.models.transformer import _REMAT_POLICIES
+    assert set(REMAT_MODES) == {"none", *_REMAT_POLICIES}
+
+
+@pytest.mark.parametrize("remat", REMAT_MODES[1:])
+def test_remat_gives_the_gradients_of_no_remat(remat_grads, remat):
+    """Adapter and full-parameter gradients under each remat policy = remat none's (float32)."""
+    close = lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5)
+    for got, want in zip(remat_grads[remat], remat_grads["none"]):
+        jax.tree_util.tree_map(close, got, want)
+
+
+@pytest.mark.parametrize("remat", REMAT_MODES)
+def test_one_adapter_step_moves_b_under_every_remat(remat_grads, remat):
+    g_ad, g_full, stepped = remat_grads[remat]
+    for name, p in stepped["layers"].items():
+        g = np.abs(g_ad["layers"][name]["lora_b"])
+        assert g.reshape(len(g), -1).max(axis=1).min() > 1e-6, name  # every layer's B has a gradient
+        assert np.all(np.abs(p["lora_b"]) > 0), name  # Adam's first step moves every entry of B off zero
+    assert all(np.abs(g).max() > 1e-6 for g in jax.tree_util.tree_leaves(g_full))
+
+
 # ------------------------------------------------------------------------------------- trainer end to end
 def lora_config(model_path, total_steps=2, **kw):
+    """remat "dots" (saves the matmul outputs) and a reward that varies within every group: LoRA trains
+    under remat from the first step (a reward constant in a group leaves only the KL term, whose gradient
+    is zero at the first step: B would then move only by float noise in the ratio, scaled up by Adam)."""
     return small_config(total_steps=total_steps, **{"model.path": model_path, "lora.rank": 4, "lora.alpha": 8.0,
-                                                    "optimizer.learning_rate": 1e-2, **kw})
+                                                    "optimizer.learning_rate": 1e-2, "model.remat": "dots",
+                                                    "reward.functions": "fixtures_rewards:char_code", **kw})
 
 
 def make_base_dir(path, seed=0):
@@ -192,12 +245,14 @@ def run(tmp_path_factory):
 
 
 def test_only_the_adapters_train_and_the_reference_is_the_base(run):
-    path, _, t = run
+    path, work, t = run
     _, fresh_base = load_hf(path)
     jax.tree_util.tree_map(np.testing.assert_array_equal, t.base, fresh_base)  # bit-identical after 2 steps
     leaves = jax.tree_util.tree_flatten_with_path(t.state.params)[0]
     assert {p[-1].key for p, _ in leaves} == {"lora_a", "lora_b"}  # the state's parameters: adapters only
     assert all(np.any(p["lora_b"]) for p in t.state.params["layers"].values())  # B left zero: they trained
+    first = read_jsonl(work / "metrics.jsonl")[0]  # a real gradient, not float noise (~1e-8 at zero advantages)
+    assert first["reward/std"] > 0 and first["policy/grad_norm"] > 1e-4
     sizes = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree) if np.ndim(x))
     assert sizes(t.state.opt_state) == 2 * sizes(t.state.params)  # Adam's moments of the adapters alone
     d, f, q, kv = (t.mc.hidden_size, t.mc.intermediate_size, t.mc.num_heads * t.mc.head_dim,

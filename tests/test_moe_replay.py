@@ -121,3 +121,23 @@ def test_a_perturbed_router_routes_afresh_unless_the_routes_are_replayed(moe, pa
     assert np.abs(packed - unpacked)[m].max() <= 1e-5  # packing carries every token's route
     for afresh in (logp(moved, plain, None), logp(moved, plain, _pack(b))):
         assert np.abs(np.asarray(afresh) - unpacked)[m].max() > 1e-3
+
+
+def test_the_update_benchmarks_dense_twin_has_the_moes_active_parameters():
+    """benchmarks/moe_routing_replay.py --update compares an MoE with the dense model of its active
+    parameters: the twin's parameter count is the MoE's minus the idle experts and the routers."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from moe_routing_replay import active_params, dense_twin
+    c = ModelConfig(model_type="qwen3_moe", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=3,
+                    num_heads=2, num_kv_heads=1, head_dim=8, qk_norm=True, num_experts=8, num_experts_per_tok=3,
+                    moe_intermediate_size=4, norm_topk_prob=True)
+    twin = dense_twin(c)
+    assert twin.num_experts == 0 and twin.intermediate_size == 12
+    assert active_params(c) - 3 * 16 * 8 == twin.num_params()  # routers: L x D x E
+    assert twin.num_params() == init_params_count(twin)
+
+
+def init_params_count(c) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(jax.eval_shape(lambda: init_params(c, jax.random.PRNGKey(0)))))

@@ -3,16 +3,26 @@ model, with and without replaying the sampler's experts in the trainer's pass.
 
     python benchmarks/moe_routing_replay.py               # the table of docs/models.md (MoE section)
     python benchmarks/moe_routing_replay.py --prompts 2   # seconds: keeps the script from rotting
+    python benchmarks/moe_routing_replay.py --update      # the update step: MoE against its dense twin
+    python benchmarks/moe_routing_replay.py --update --prompts 2 --new-tokens 8 --repeats 1   # its smoke run
 
 The sampler (`sampling.generate`, static batch) computes in bfloat16 and records each token's experts
 (`Rollout.routes`, `prompt_routes`); the trainer recomputes the completion log-probs in float32
 (`lm.completion_hidden`), routing afresh or replaying. Printed: the fraction of (token, layer) pairs whose
 expert set differs between the two passes, the fraction of tokens routed differently in any layer, and
 max / mean |sampler log-prob - trainer log-prob| over the generated tokens (`sampler/logp_diff_max`).
+
+--update: the trainer's update step (forward, backward, AdamW: `Trainer.fns.update` on the harness's
+batch of full-length random completions, benchmarks/harness/grpo.py) of the same MoE against the dense
+model of the same active parameters -- each layer's MLP as wide as the k experts a token uses (k x the
+expert width), the router aside -- timed side by side (interleaved) in one process, float32.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +76,46 @@ def measure(prompts: int, samples: int, new_tokens: int, layers: int, experts: i
     return out
 
 
+def dense_twin(config):
+    """The dense model of the MoE's active parameters: an MLP of width k x the expert width per layer."""
+    return config.replace(model_type="qwen3", intermediate_size=config.num_experts_per_tok * config.moe_intermediate_size,
+                          num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0)
+
+
+def active_params(config) -> int:
+    """Parameters a token uses: all but the experts it is not routed to."""
+    idle = config.num_experts - config.num_experts_per_tok
+    return config.num_params() - idle * 3 * config.hidden_size * config.moe_intermediate_size * config.num_layers
+
+
+def update_times(a, workdir: str) -> dict:
+    """{name: (config, Timing)} of the update step of the MoE and of its dense twin (module docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from harness.grpo import build_trainer, close_trainer, update_call
+    from harness.shapes import make_tokenizer, write_prompts
+    from harness.timing import time_interleaved
+    from jaxrl_llm.models import save_hf
+    moe, params = random_moe(a.layers, a.experts, a.k)
+    models = {"moe": (moe, params), "dense": (dense_twin(moe), None)}
+    trainers, calls = {}, {}
+    for name, (config, p) in models.items():
+        ws = os.path.join(workdir, name)
+        config = config.replace(eos_token_id=(1,), pad_token_id=0)
+        if p is None:
+            from jaxrl_llm.models.lm import init_params
+            p = init_params(config, jax.random.PRNGKey(0))
+        save_hf(os.path.join(ws, "model"), config, p)
+        make_tokenizer(config.vocab_size).save_pretrained(os.path.join(ws, "tokenizer"))
+        write_prompts(os.path.join(ws, "prompts.jsonl"), config.vocab_size, 4 * a.prompts, 16)
+        trainers[name] = build_trainer(ws, None, batch=a.prompts, group=a.samples, prompt_len=16,
+                                       new_tokens=a.new_tokens)
+        calls[name] = update_call(trainers[name])
+    timings = time_interleaved(calls, repeats=a.repeats, warmup=1)
+    for t in trainers.values():
+        close_trainer(t)
+    return {name: (trainers[name].mc, timings[name]) for name in models}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -74,7 +124,20 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--update", action="store_true", help="time the update step against the dense twin")
+    ap.add_argument("--repeats", type=int, default=5, help="--update: timed steps of each model")
     a = ap.parse_args()
+    if a.update:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = update_times(a, tmp)
+        print(f"update step, {a.prompts} prompts x {a.samples}, 16 + {a.new_tokens} tokens, float32, "
+              f"{jax.devices()[0].platform}; median of {a.repeats}")
+        print("| model | parameters | active per token | update (s) | spread |\n|---|---|---|---|---|")
+        for name, (config, t) in res.items():
+            print(f"| {name} | {config.num_params() / 1e6:.2f}M | {active_params(config) / 1e6:.2f}M | "
+                  f"{t.median:.3f} | {t.spread:.0%} |")
+        print(f"MoE / dense update time: {res['moe'][1].median / res['dense'][1].median:.2f}x")
+        return
     res = measure(a.prompts, a.samples, a.new_tokens, a.layers, a.experts, a.k)
     print(f"MoE {a.layers} layers, {a.experts} experts top-{a.k}; bfloat16 sampler vs float32 trainer, "
           f"{res['tokens']} tokens (prompt + fed completion)")

@@ -1,12 +1,20 @@
-"""One GRPO step of a tiny mixture-of-experts model through the trainer, with routing replay: the
-sampler's recorded experts reach the score pass, which then reproduces the sampler's log-probs."""
+"""GRPO steps of a tiny mixture-of-experts model through the trainer, with routing replay: the sampler's
+recorded experts reach the score pass, which then reproduces the sampler's log-probs -- here with the
+continuous-batching sampler, packed passes and a batch sampled one update ahead (rollout.max_staleness=1),
+whose routes the checkpoint keeps."""
+import json
 import os
 import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
-from jaxrl_llm.models import save_hf
+from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.models import load_hf, save_hf
+from jaxrl_llm.models.lm import positions_from_mask
+from jaxrl_llm.models.transformer import Decoder
+from jaxrl_llm.trainer import async_rollout as ar
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import init_params
 from jaxrl_llm.trainer import Trainer
@@ -28,11 +36,36 @@ def _tiny_moe_dir(path: str, tokenizer) -> str:
     return path
 
 
-def test_one_grpo_step_of_a_moe_replays_the_samplers_routes(tmp_path):
-    c = small_config(total_steps=1)
+def test_grpo_steps_of_a_moe_replay_the_samplers_routes_and_the_checkpoint_keeps_them(tmp_path):
+    c = small_config(total_steps=2)
     c.model.path = _tiny_moe_dir(str(tmp_path / "moe"), load_tokenizer(c.tokenizer))
     c.rollout.recompute_logprobs = True  # the score pass recomputes the log-probs the sampler reported
-    c.checkpoint.every_steps = 10
-    m = Trainer(c, str(tmp_path / "run")).run()[0]
+    c.rollout.max_staleness = 1  # step 1's batch is sampled by the initial policy and checkpointed at step 1
+    c.rollout.decode_slots = 3
+    c.train.pack_length = 32
+    history = Trainer(c, str(tmp_path / "run")).run()
+    m = history[0]
     assert np.isfinite(m["policy/loss"]) and m["policy/grad_norm"] > 0
-    assert m["sampler/logp_diff_max"] <= 1e-4  # float32 sampler and trainer, the same experts
+    assert m["sampler/logp_diff_max"] <= 1e-5  # float32 sampler and trainer, the same experts
+    ck = Checkpointer(str(tmp_path / "run" / "checkpoints"), max_to_keep=10)
+    try:
+        meta = ck.manager.restore(1, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    finally:
+        ck.close()
+    (batch,) = [ar.from_json(d) for d in meta["inflight"]]
+    local = batch.local
+    again = ar.from_json(json.loads(json.dumps(ar.to_json(batch)))).local  # saved again and restored: equal
+    assert all(np.array_equal(again[k], local[k]) and again[k].dtype == local[k].dtype for k in local)
+    assert (batch.step, batch.version) == (1, 0)
+    assert local["routes"].shape == (*local["tokens"].shape, 1, 2) and local["prompt_routes"].shape[-2:] == (1, 2)
+    # The stored routes are the experts the initial model routes [prompt; completion] to (a full forward).
+    config, params = load_hf(c.model.path)
+    G = c.rollout.group_size
+    full = np.concatenate([np.repeat(local["prompt_tokens"], G, 0), local["tokens"]], 1)
+    full_mask = np.concatenate([np.repeat(local["prompt_mask"], G, 0), local["mask"]], 1)
+    _, _, fresh = Decoder(config, with_lm_head=False, return_routes=True).apply(
+        {"params": params}, full, positions_from_mask(full_mask), full_mask.astype(bool))
+    recorded = np.concatenate([np.repeat(local["prompt_routes"], G, 0), local["routes"]], 1).transpose(2, 0, 1, 3)
+    valid = full_mask.astype(bool)
+    valid[np.arange(len(full)), full.shape[1] - 1 - np.argmax(valid[:, ::-1], 1)] = False  # the last: never fed
+    assert np.all(np.sort(recorded, -1) == np.sort(np.asarray(fresh), -1), -1)[:, valid].all()

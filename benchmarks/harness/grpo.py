@@ -137,25 +137,27 @@ def close_trainer(trainer) -> None:
     trainer.writer.close()
 
 
-def measure_update(trainer, *, repeats: int, extra: dict | None = None):
-    """Times the trainer's update (donating its state each call) side by side with `extra` functions.
-    Returns (update Timing, {name: Timing})."""
+def update_call(trainer):
+    """A function i -> (params, metrics) running the trainer's update on `update_batch` and keeping the new
+    state in `trainer.state` (each call donates the previous one)."""
     import jax.numpy as jnp
 
-    from harness.timing import time_interleaved
     from jaxrl_llm import sharding
-    state = trainer.state
-    b = update_batch(trainer, state)
+    b = update_batch(trainer, trainer.state)
     pidx = jnp.arange(trainer.c.rollout.batch_prompts)
-    holder = {"state": state}
 
     def update(_i):
         with sharding.use_mesh(trainer.mesh):
-            holder["state"], metrics = trainer.fns.update(holder["state"], b, pidx)
-        return holder["state"].params, metrics
+            trainer.state, metrics = trainer.fns.update(trainer.state, b, pidx)
+        return trainer.state.params, metrics
+    return update
 
-    timings = time_interleaved({"update": update, **(extra or {})}, repeats=repeats, warmup=1)
-    trainer.state = holder["state"]
+
+def measure_update(trainer, *, repeats: int, extra: dict | None = None):
+    """Times the trainer's update (donating its state each call) side by side with `extra` functions.
+    Returns (update Timing, {name: Timing})."""
+    from harness.timing import time_interleaved
+    timings = time_interleaved({"update": update_call(trainer), **(extra or {})}, repeats=repeats, warmup=1)
     close_trainer(trainer)
     return timings.pop("update"), timings
 

@@ -99,10 +99,13 @@ def pack_efficiency(plan: dict, pack_length: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ device side
-def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length: int):
+def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length: int, prompt_routes=None,
+                routes=None):
     """The packed rows of a micro-batch and the way back.
 
-    prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. Returns
+    prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. MoE routing
+    replay: prompt_routes (b,P,L,k) and routes (n,T,L,k), rows first, go to packed["routes"] (Lyr,R,L,k),
+    each token's experts at its slot (the layout `Decoder` replays). Returns
     (packed {tokens, positions, mask, segment_ids} each (R,L), source (n,T+1) flat slot of the hidden state
     that predicts completion column t (column T: the state after the row's last real token), valid (n,T+1)
     bool: up to the row's last real token, and column T of every packed row).
@@ -125,12 +128,19 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     inside = (j < (plen + ext)[:, None]) & (packed_row >= 0) & (ext[:, None] > 0)
     slot = jnp.where(inside, packed_row * length + plan["offset"][:, None] + j, r * length)  # r*L: dropped
 
-    def scatter(values):
-        return jnp.zeros((r * length,), values.dtype).at[slot.reshape(-1)].set(values.reshape(-1), mode="drop").reshape(r, length)
+    def scatter(values):  # (n,P+T,...) -> (R,L,...)
+        rest = values.shape[2:]
+        return (jnp.zeros((r * length, *rest), values.dtype).at[slot.reshape(-1)]
+                .set(values.reshape(-1, *rest), mode="drop").reshape(r, length, *rest))
 
     segment = jnp.broadcast_to(jnp.arange(1, n + 1, dtype=jnp.int32)[:, None], tokens.shape)
     packed = {"tokens": scatter(tokens), "positions": scatter(jnp.broadcast_to(j, tokens.shape)),
               "mask": scatter(key & inside), "segment_ids": scatter(jnp.where(inside, segment, 0))}
+    if routes is not None:  # each token's recorded experts, gathered as its token id is
+        row_proutes = jnp.repeat(prompt_routes, n // b, axis=0)  # (n,P,Lyr,k)
+        take = lambda a, col: jnp.take_along_axis(a, col[:, :, None, None], axis=1)
+        packed["routes"] = scatter(jnp.where(in_prompt[:, :, None, None], take(row_proutes, pcol),
+                                             take(routes, ccol)).astype(jnp.int32)).transpose(2, 0, 1, 3)
     col = jnp.arange(t + 1, dtype=jnp.int32)[None]  # hidden at position plen-1+col predicts column col
     # Real tokens, and column T: the state after the row's last real token (V(s_T)), i.e. the hidden state
     # at that token, also on a row cut short of T (a multi-turn episode whose next observation did not
@@ -144,10 +154,10 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
 @precise
 def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
     """Final-norm hidden states (R,L,D) of packed rows: each segment attends only to itself.
-    dropout_rng: a key for LoRA dropout (training only)."""
+    dropout_rng: a key for LoRA dropout (training only). MoE: packed["routes"], when present, is replayed."""
     hidden, _ = Decoder(config, with_lm_head=False).apply(
         {"params": params}, packed["tokens"], packed["positions"], packed["mask"], segment_ids=packed["segment_ids"],
-        rngs=None if dropout_rng is None else {"dropout": dropout_rng})
+        rngs=None if dropout_rng is None else {"dropout": dropout_rng}, routes=packed.get("routes"))
     return hidden
 
 
@@ -158,10 +168,13 @@ def unpack(x, source, valid, columns: int):
 
 
 def packed_logprobs(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask, plan,
-                    pack_length: int, temperature=1.0, *, with_entropy: bool = False, dropout_rng=None):
+                    pack_length: int, temperature=1.0, *, with_entropy: bool = False, dropout_rng=None,
+                    prompt_routes=None, routes=None):
     """`logprobs_from_hidden(completion_hidden(...))` through packed rows: logp (n,T) [and entropy (n,T)],
-    equal on every real completion token, 0 elsewhere. The LM head runs on the packed slots only."""
-    packed, source, valid = pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length)
+    equal on every real completion token, 0 elsewhere. The LM head runs on the packed slots only.
+    MoE routing replay: prompt_routes (b,P,L,k), routes (n,T,L,k) rows first (`pack_layout`)."""
+    packed, source, valid = pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length,
+                                        prompt_routes, routes)
     hidden = packed_hidden(config, params, packed, dropout_rng)
     targets = jnp.roll(packed["tokens"], -1, axis=1)  # the slot after each one: the token it predicts
     out = logprobs_from_hidden(config, params, hidden, targets, temperature, with_entropy=with_entropy)

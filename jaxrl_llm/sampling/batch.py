@@ -36,7 +36,7 @@ class Rollout:
     drawn from (top-k/top-p truncated and renormalised; = logprobs without truncation), 0 where mask is 0;
     mask (N,T) int32 -- 1 on generated tokens including the EOS;  lengths (N,) int32 = mask.sum(1);
     truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
-    MoE models (static sampler): routes (L,N,T,k) int32 -- the experts token t was routed to when fed
+    MoE models (both samplers): routes (L,N,T,k) int32 -- the experts token t was routed to when fed
     (zeros for the last token, never fed); prompt_routes (L,N,P,k) those of the prompt tokens; else None.
     """
 

@@ -14,6 +14,8 @@ max_new_tokens; S slots. One XLA program per (B, P, T, G, S) and sampling mode:
      take the next pending rows in row order (first token, position and prompt prefix; the slot's cache
      is simply overwritten from index 0: entries past a slot's index are masked). The loop ends when no
      slot holds a row.
+MoE models: each fed token's experts are recorded at its row and column (`Rollout.routes`), as the
+static sampler records them.
 Memory: the cache is S rows x T slots per layer plus the slots' prefix copies, S x P (the static
 sampler's is N x T plus B x P); docs/sampling.md.
 
@@ -50,7 +52,9 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     eos = jnp.asarray(eos_ids, jnp.int32)
 
     # 1-2. prefill once per prompt; the first token of every row.
-    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    moe = config.num_experts > 0  # record each token's experts (Rollout.routes) for routing replay
+    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
+                                                return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
     prompt_len = jnp.sum(prompt_mask, axis=-1)  # (B,) position of each prompt's first new token
     last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
@@ -64,6 +68,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
+    routes = jnp.zeros((config.num_layers, n, t_max, config.num_experts_per_tok), jnp.int32) if moe else None
 
     # The rows still to decode, in row order, then the sentinel n ("no row": an idle slot).
     pending = ~jnp.isin(first, eos) & (t_max > 1)
@@ -75,14 +80,17 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     slot_row = take_queue(jnp.arange(s))
     state = (slot_row, jnp.zeros((s,), jnp.int32), jnp.take(first, jnp.minimum(slot_row, n - 1)), jnp.int32(s),
              decode_prefix_rows(config, prefix, prompt_of(slot_row)), init_cache(config, s, t_max),
-             tokens, logprobs, mask, seen)
+             tokens, logprobs, mask, seen, routes)
 
     def body(state):
-        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, mask, seen = state
+        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, mask, seen, routes = state
         active, prompt = row < n, prompt_of(row)
         with jax.named_scope("layers"):
-            hidden, cache = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache, t,
-                                        slot_prefix, jnp.take(prefix_mask, prompt, axis=0))
+            hidden, cache, *experts = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t,
+                                                  cache, t, slot_prefix, jnp.take(prefix_mask, prompt, axis=0),
+                                                  return_routes=moe)
+        if moe:  # the experts (L,S,k) of each slot's token t -> routes[:, row, t] (an idle slot's: dropped)
+            routes = routes.at[:, row, t].set(experts[0], mode="drop")
         with jax.named_scope("lm_head"):
             logits = logits_from_hidden(config, params, hidden)
         with jax.named_scope("draw"):
@@ -101,11 +109,12 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         t = jnp.where(finished, 0, jnp.where(active, t + 1, t))
         slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_prefix_rows(config, prefix, prompt_of(row)),
                                    lambda p: p, slot_prefix)
-        return row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, mask, seen
+        return row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, mask, seen, routes
 
     state = jax.lax.while_loop(lambda st: jnp.any(st[0] < n), body, state)
-    tokens, logprobs, mask = state[-4:-1]
+    tokens, logprobs, mask, _, routes = state[-5:]
     ended = jnp.any(jnp.isin(tokens, eos) & (mask == 1), axis=-1)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1), truncated=~ended, prompt_tokens=jnp.repeat(prompts, g, axis=0),
-                   prompt_mask=jnp.repeat(prompt_mask, g, axis=0))
+                   prompt_mask=jnp.repeat(prompt_mask, g, axis=0), routes=routes,
+                   prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None)

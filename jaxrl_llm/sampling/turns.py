@@ -66,7 +66,9 @@ class Episode:
     keys/values in `decode_prepare`'s layout, (B,P) bool; prompt_len (N,) int32; cache: `init_cache(N, C)`;
     length (N,) int32 tokens in the cache; hidden (N,D) float32, the state of each row's last token;
     counts (N,V) int32, how often each token occurs in the row's prompt and cache (the repetition
-    penalty's set; counts, not flags, so that `rewind` can take tokens out), or None when off."""
+    penalty's set; counts, not flags, so that `rewind` can take tokens out), or None when off.
+    MoE models (else None): routes (L,N,C,k) int32, the experts of cache slot j's token when it was fed
+    (decoded or appended; routing replay), prompt_routes (L,B,P,k) those of the prompt tokens."""
 
     prefix: Any
     prefix_mask: jax.Array
@@ -75,6 +77,8 @@ class Episode:
     length: jax.Array
     hidden: jax.Array
     counts: Any = None
+    routes: Any = None
+    prompt_routes: Any = None
 
     @property
     def capacity(self) -> int:
@@ -95,15 +99,17 @@ class Turn:
 # -------------------------------------------------------------------------------------------- programs
 @functools.partial(jax.jit, static_argnames=("config", "num_samples", "capacity", "penalize"))
 def _start(config, params, prompts, prompt_mask, *, num_samples, capacity, penalize):
-    hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    moe = config.num_experts > 0
+    hidden, kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False, return_routes=moe)
     _, prefix = decode_prepare(config, params, kv)
     n = prompts.shape[0] * num_samples
+    routes = jnp.zeros((config.num_layers, n, capacity, config.num_experts_per_tok), jnp.int32) if moe else None
     return Episode(prefix=prefix, prefix_mask=prompt_mask.astype(bool),
                    prompt_len=jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), -1), num_samples),
                    cache=init_cache(config, n, capacity), length=jnp.zeros((n,), jnp.int32),
                    hidden=jnp.repeat(hidden[:, -1].astype(jnp.float32), num_samples, axis=0),
                    counts=jnp.repeat(_counts(prompts, prompt_mask, config.vocab_size), num_samples, 0) if penalize
-                   else None)
+                   else None, routes=routes, prompt_routes=prompt_routes[0] if moe else None)
 
 
 def _counts(ids, mask, vocab):
@@ -127,7 +133,7 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalt
     weights = decode_layer_weights(config, params)
 
     def body(s):
-        j, done, length, hidden, cache, tokens, logps, counts = s
+        j, done, length, hidden, cache, tokens, logps, counts, routes = s
         alive = ~done
         new, lp, blp = draw(logits_from_hidden(config, params, hidden), uniform=row_uniforms(rng, rows, length),
                             seen=None if counts is None else counts > 0)
@@ -136,20 +142,23 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalt
         both = jnp.where(alive[:, None], jnp.stack([lp, blp], 1), 0.0)
         logps = jax.lax.dynamic_update_slice(logps, both[:, :, None], (0, 0, j))
         index = jnp.where(alive, length, window)  # a row that is not drawing writes outside (dropped)
-        h, cache = decode_step(config, params, weights, new, e.prompt_len + length, cache, index, e.prefix,
-                               e.prefix_mask)
+        h, cache, *experts = decode_step(config, params, weights, new, e.prompt_len + length, cache, index, e.prefix,
+                                         e.prefix_mask, return_routes=routes is not None)
+        if routes is not None:  # the experts (L,N,k) of the token fed at slot `length` (not drawing: dropped)
+            routes = routes.at[:, rows, jnp.where(alive, length, cap)].set(experts[0], mode="drop")
         hidden = jnp.where(alive[:, None], h.astype(jnp.float32), hidden)
         length = length + alive.astype(jnp.int32)
         done = done | jnp.isin(new, stop) | (j + 1 >= limit)
         counts = None if counts is None else counts.at[rows, new].add(alive.astype(jnp.int32))
-        return j + 1, done, length, hidden, cache, tokens, logps, counts
+        return j + 1, done, length, hidden, cache, tokens, logps, counts, routes
 
     state = (jnp.int32(0), limit <= 0, e.length, e.hidden, _window(config, e.cache, window),
-             jnp.zeros((n, max_tokens), jnp.int32), jnp.zeros((n, 2, max_tokens), jnp.float32), e.counts)
-    _, _, length, hidden, cache, tokens, logps, counts = jax.lax.while_loop(
+             jnp.zeros((n, max_tokens), jnp.int32), jnp.zeros((n, 2, max_tokens), jnp.float32), e.counts, e.routes)
+    _, _, length, hidden, cache, tokens, logps, counts, routes = jax.lax.while_loop(
         lambda s: (s[0] < max_tokens) & ~jnp.all(s[1]), body, state)
     turn = Turn(tokens=tokens, logprobs=logps[:, 0], behavior_logprobs=logps[:, 1], count=length - e.length)
-    return e.replace(length=length, hidden=hidden, cache=_put_window(config, e.cache, cache), counts=counts), turn
+    return e.replace(length=length, hidden=hidden, cache=_put_window(config, e.cache, cache), counts=counts,
+                     routes=routes), turn
 
 
 @functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnames=("episode",))
@@ -165,16 +174,19 @@ def _append(config, params, episode, obs, obs_len, *, window):
     prefix_mask = jnp.concatenate([jnp.repeat(e.prefix_mask, g, 0), jnp.arange(window)[None] < e.length[:, None]], 1)
     j = jnp.arange(o, dtype=jnp.int32)[None]
     mask = j < obs_len[:, None]
-    hidden, (ck, cv) = Decoder(config, return_kv=True, with_lm_head=False).apply(
+    moe = e.routes is not None
+    hidden, (ck, cv), *experts = Decoder(config, return_kv=True, with_lm_head=False, return_routes=moe).apply(
         {"params": params}, obs, (e.prompt_len + e.length)[:, None] + j, mask, prefix=prefix, prefix_mask=prefix_mask)
     slot = jnp.where(mask, e.length[:, None] + j, window)  # padding writes outside the window (dropped)
     rows = jnp.arange(n)[:, None]
+    routes = (e.routes.at[:, rows, jnp.where(mask, e.length[:, None] + j, e.capacity)].set(experts[0], mode="drop")
+              if moe else None)  # the observation tokens' experts (L,N,O,k) at their slots
     keys, values = keys.at[:, rows, slot].set(ck.astype(keys.dtype)), values.at[:, rows, slot].set(cv.astype(values.dtype))
     last = jnp.take_along_axis(hidden, jnp.maximum(obs_len - 1, 0)[:, None, None], 1)[:, 0].astype(jnp.float32)
     counts = None if e.counts is None else e.counts + _counts(obs, mask, config.vocab_size)
     return e.replace(cache=_put_window(config, e.cache, _decode_layout(config, keys, values)),
                      length=e.length + obs_len, hidden=jnp.where((obs_len > 0)[:, None], last, e.hidden),
-                     counts=counts)
+                     counts=counts, routes=routes)
 
 
 def _window(config: ModelConfig, cache, w: int):

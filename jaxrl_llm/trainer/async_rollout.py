@@ -229,7 +229,7 @@ class ThreadedProducer(Producer):
 
 
 # ------------------------------------------------------------------------------- checkpointed batches
-_PROMPT_KEYS = ("prompt_tokens", "prompt_mask")  # (B, P), left-padded; every other key is (N, ...)
+_PROMPT_KEYS = ("prompt_tokens", "prompt_mask", "prompt_routes")  # (B, P, ...) left-padded; others (N, ...)
 
 
 def to_json(p: Produced) -> dict:
@@ -258,7 +258,7 @@ def gather_rows(local: dict) -> dict:
         v = np.asarray(local[k])
         if k in _PROMPT_KEYS and jax.process_count() > 1:
             width = int(dist.allgather_rows(np.array([v.shape[1]])).max())
-            v = np.pad(v, ((0, 0), (width - v.shape[1], 0)))  # masked out: any id will do
+            v = np.pad(v, ((0, 0), (width - v.shape[1], 0), *[(0, 0)] * (v.ndim - 2)))  # masked out: any id will do
         out[k] = dist.allgather_rows(v)
     return out
 

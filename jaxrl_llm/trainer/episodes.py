@@ -39,7 +39,9 @@ class Episodes:
     of the distribution each token was drawn from (top-k/top-p; = logprobs without them); truncated (N,)
     bool: the episode's token budget ran out (its last turn filled it, or an observation did not fit);
     rewards (N,) the sum of each episode's turn rewards; metrics: `EpisodeBatch.metrics()`; texts: each episode's turn texts;
-    prompts: each episode's prompt as `reset()` returned it (a string or a message list: what the logs show)."""
+    prompts: each episode's prompt as `reset()` returned it (a string or a message list: what the logs show).
+    MoE models (else None): routes (N,T,L,k) int32, the experts each token (model's or observation) was
+    routed to when the sampler fed it; prompt_routes (N/G,P,L,k) per prompt (routing replay)."""
 
     prompt_tokens: np.ndarray
     prompt_mask: np.ndarray
@@ -53,6 +55,8 @@ class Episodes:
     metrics: dict[str, float]
     texts: list[list[str]]
     prompts: list = dataclasses.field(default_factory=list)
+    routes: np.ndarray | None = None
+    prompt_routes: np.ndarray | None = None
 
     def finals(self) -> list[str]:
         """Each episode's last model turn: the text the reward functions judge."""
@@ -130,7 +134,14 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
             if dist.any_process(any(appended)):
                 state = turns.append(mc, params, state, dist.allgather_lists(appended), pad_id=pad_id)
-        return _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+        out = _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
+        if state.routes is None:
+            return out
+        # Cache slot j holds the episode's token j (turns.py's invariant): its experts are column j's.
+        routes = dist.to_local(state.routes.transpose(1, 2, 0, 3))  # (N,C,L,k) rows first, C = T
+        routes = np.where(out.attention_mask[:, :, None, None] > 0, routes, 0)
+        prompt_routes = dist.to_local(state.prompt_routes.transpose(1, 2, 0, 3))  # (this host's prompts,P,L,k)
+        return dataclasses.replace(out, routes=routes.astype(np.int32), prompt_routes=prompt_routes)
 
 
 def _observations(tokenizer, tools, batch, observations, history, turn_texts, ended, trajs, truncated):

@@ -127,6 +127,8 @@ class Rollouts:
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,
                  "behavior_logp": ep.behavior_logprobs, "lengths": ep.attention_mask.sum(1).astype(np.int32),
                  "truncated": ep.truncated}
+        if ep.routes is not None and c.model.routing_replay:  # MoE: every token's experts, as the sampler fed it
+            local["routes"], local["prompt_routes"] = ep.routes, ep.prompt_routes
         # env/... metrics are over every process's episodes (the same keys on every host).
         prompts, columns = self.reward_inputs(batch, local, step)
         local, scored = self._score(local, prompts, ep.finals(), columns, ep.rewards, ep.metrics)

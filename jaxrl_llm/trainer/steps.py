@@ -67,11 +67,9 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
     dropout_rng: a key for LoRA dropout (the update only)."""
     replay = "routes" in b  # MoE routing replay: the sampler's experts, (rows, tokens, L, k)
     if pack is not None:
-        if replay:
-            raise ValueError("train.pack_length > 0 with model.routing_replay on a mixture-of-experts model: packed "
-                             "rows do not carry routes yet; set train.pack_length=0 or model.routing_replay=False")
         return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
-                               pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng)
+                               pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng,
+                               prompt_routes=b.get("prompt_routes"), routes=b.get("routes"))
     layers_first = lambda r: r.transpose(2, 0, 1, 3) if replay else None
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),

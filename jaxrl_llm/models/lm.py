@@ -142,7 +142,7 @@ def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Ar
 
 @precise
 def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask,
-                      dropout_rng=None, prompt_routes=None, routes=None):
+                      dropout_rng=None, prompt_routes=None, routes=None, router_stats: bool = False):
     """Hidden states that predict each completion token, sharing each prompt across its G completions.
 
     prompts/prompt_mask (B,P) left-padded; completions/completion_mask (N,T) right-padded, N = B*G,
@@ -151,6 +151,8 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     Equal (up to float rounding) to running the concatenated [prompt; completion] rows one by one, at
     B*P + N*T token cost instead of N*(P+T). dropout_rng: a key for LoRA dropout (training only).
     MoE routing replay: prompt_routes (L,B,P,k) and routes (L,N,T,k), the experts the sampler chose.
+    router_stats: also return the router's per-layer sums (models/moe.py) over the completion tokens of
+    `completion_mask` -- the prompts' tokens do not count (rl/router.py); (hidden, stats) then.
     """
     b = prompts.shape[0]
     n, t = completions.shape
@@ -160,11 +162,12 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
                            routes=prompt_routes)
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    c_hidden, _ = Decoder(config, with_lm_head=False).apply(
+    c_hidden, _, *stats = Decoder(config, with_lm_head=False, return_router_stats=router_stats).apply(
         {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
         prefix_mask=prompt_mask.astype(bool), rngs=rngs[1], routes=routes)
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
-    return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
+    hidden = jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
+    return (hidden, stats[0]) if router_stats else hidden
 
 
 # Depth up to which a decode step unrolls the layer loop; deeper models scan over the stacked layers.

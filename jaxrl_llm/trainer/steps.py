@@ -34,7 +34,8 @@ from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
 
-_EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combined by min/max, not summed
+# combined by min/max, not summed; the last only with a MoE router loss
+_EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max", "moe/expert_load_max")
 
 
 @flax.struct.dataclass
@@ -60,10 +61,11 @@ def attended(b):
 
 
 def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0,
-            dropout_rng=None):
+            dropout_rng=None, router_stats=False):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
     when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
-    dropout_rng: a key for LoRA dropout (the update only)."""
+    dropout_rng: a key for LoRA dropout (the update only). router_stats: MoE, also the router's per-layer
+    sums over the attended completion tokens (models/moe.py; unpacked only), last in the tuple."""
     replay = "routes" in b  # MoE routing replay: the sampler's experts, (rows, tokens, L, k)
     if pack is not None:
         if replay:
@@ -74,8 +76,10 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
     layers_first = lambda r: r.transpose(2, 0, 1, 3) if replay else None
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
-                               routes=layers_first(b.get("routes")))
-    return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
+                               routes=layers_first(b.get("routes")), router_stats=router_stats)
+    hidden, stats = hidden if router_stats else (hidden, None)
+    out = logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
+    return (*out, stats) if router_stats else out
 
 
 def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False):
@@ -103,18 +107,19 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
 
 
 def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, policy, teacher, b, temperature,
-                   dropout_rng=None):
-    """(log-probs (n,T), entropies (n,T), generalized JSD (n,T)) of the student `policy` on the batch's
-    completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py)."""
+                   dropout_rng=None, router_stats=False):
+    """(log-probs (n,T), entropies (n,T), generalized JSD (n,T) [, MoE router sums]) of the student `policy`
+    on the batch's completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py)."""
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
-                               dropout_rng)
+                               dropout_rng, router_stats=router_stats)
+    hidden, stats = hidden if router_stats else (hidden, None)
     logp, ent = logprobs_from_hidden(mc, policy, hidden, b["tokens"], temperature, with_entropy=True)
     t_hidden = jax.lax.stop_gradient(completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"],
                                                        b["tokens"], attended(b)))
     div = generalized_jsd(hidden, lm_head_weight(mc, policy), t_hidden, lm_head_weight(tmc, teacher),
                           beta=objective.distill_beta, temperature=temperature, chunk=objective.distill_chunk,
                           dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
-    return logp, ent, div
+    return (logp, ent, div, stats) if router_stats else (logp, ent, div)
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None):
@@ -159,17 +164,24 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
     and only the value model learns (VAPO's value pretraining)."""
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
+    router = objective.uses_router and train_policy  # MoE router losses (rl/router.py)
+    if router and not mc.num_experts:
+        raise ValueError("model.router_aux_loss_coef / router_z_loss_coef > 0 need a mixture-of-experts model "
+                         f"(model_type {mc.model_type} has no experts); expected 0")
 
     def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
-        """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        packing, div = {"pack": pack, "pack_length": plan.pack_length}, None
+        """Policy (+ value) [+ router] loss of one micro-batch, normalized by the whole minibatch's denominators."""
+        packing, div, stats = {"pack": pack, "pack_length": plan.pack_length}, None, ()
         if objective.distill == "gkd":  # unpacked (validation refuses packing with gkd)
-            logp, ent, div = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
-                                            plan.temperature, dropout_rng)
-        else:
-            logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
-                                dropout_rng=dropout_rng, **packing)
+            logp, ent, div, *stats = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
+                                                    plan.temperature, dropout_rng, router_stats=router)
+        else:  # unpacked with a router loss (validation refuses packing then)
+            logp, ent, *stats = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                                        dropout_rng=dropout_rng, router_stats=router, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den, divergence=div)
+        if stats:
+            rl_, raux = objective.router_loss(stats[0], mc.num_experts_per_tok, mb, den)
+            loss, aux = loss + rl_, {**aux, **raux}
         seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
         aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
@@ -193,7 +205,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
                                          minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
-            return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
+            return (loss, grads, summed), {k: aux[k] for k in _EXTREMES if k in aux}
 
         micro = (pidx.reshape(plan.grad_accum, -1), pack)
         acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
@@ -211,7 +223,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         update: DAPO kept no group, every row masked; it carries no gradient, and even a zero gradient
         would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), (rmin, rmax, diff), empty = gradients(state, b, pidx, pack, base, teacher)
+        (loss, grads, aux), extremes, empty = gradients(state, b, pidx, pack, base, teacher)
+        rmin, rmax, diff = (extremes.pop(k) for k in _EXTREMES[:3])
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
@@ -242,7 +255,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                         "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
                         "lr": schedule(state.opt_step), "train/skipped_updates": (~finite & ~empty).astype(jnp.float32),
                         "train/empty_updates": empty.astype(jnp.float32),
-                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32)})
+                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32),
+                        **{k: jnp.max(v) for k, v in extremes.items()}})  # the MoE load max
         return new_state, metrics
     return update
 

@@ -117,3 +117,22 @@ def test_replayed_experts_are_the_ones_counted(routed):
     np.testing.assert_array_equal(np.asarray(stats["counts"]), counts)
     np.testing.assert_allclose(np.asarray(stats["probs"][0]), np.asarray(free["probs"][0]), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(stats["tokens"]), [mask.sum()] * config.num_layers)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model.router_aux_loss_coef": -0.1}, "config.model.router_aux_loss_coef must be a number >= 0"),
+    ({"model.router_z_loss_coef": -1.0}, "config.model.router_z_loss_coef must be a number >= 0"),
+    ({"model.router_z_loss_coef": 0.1, "train.pack_length": 4096}, "config.train.pack_length must be 0 with a router loss"),
+])
+def test_bad_router_loss_settings_fail_in_one_line(change, message):
+    from jaxrl_llm import config as config_lib
+    with pytest.raises(ValueError, match=message):
+        config_lib.prepare(config_lib.from_dict({"data.task": "digit_puzzles", **change}))
+
+
+def test_a_router_loss_on_a_dense_model_fails_in_one_line():
+    from jaxrl_llm.models.config import ModelConfig
+    from jaxrl_llm.rl import Objective
+    from jaxrl_llm.trainer.steps import make_update
+    with pytest.raises(ValueError, match="router_z_loss_coef > 0 need a mixture-of-experts model"):
+        make_update(Objective(group_size=2, router_z_coef=0.1), None, ModelConfig(model_type="llama"))

@@ -162,12 +162,12 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                 tmc: ModelConfig | None = None):
     """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
     and only the value model learns (VAPO's value pretraining)."""
-    tx, schedule = plan.optimizer.build()
-    value_tx, _ = plan.value_optimizer.build()
     router = objective.uses_router and train_policy  # MoE router losses (rl/router.py)
     if router and not mc.num_experts:
         raise ValueError("model.router_aux_loss_coef / router_z_loss_coef > 0 need a mixture-of-experts model "
                          f"(model_type {mc.model_type} has no experts); expected 0")
+    tx, schedule = plan.optimizer.build()
+    value_tx, _ = plan.value_optimizer.build()
 
     def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
         """Policy (+ value) [+ router] loss of one micro-batch, normalized by the whole minibatch's denominators."""

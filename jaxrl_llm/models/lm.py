@@ -266,12 +266,12 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
         cos_l, sin_l = rope_cos_sin(c, positions[:, None], local=True)
         cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
     cos, sin = jax.lax.optimization_barrier((cos[..., 0, :], sin[..., 0, :]))
-    sliding = c.sliding_layers
+    sliding, sparse = c.sliding_layers, c.moe_layers
     if decode_unrolled(c):
         new_cache, experts = [], []
         for l, (w, layer_cache, layer_prefix) in enumerate(zip(weights, cache, prefix)):
             x, layer_cache, *e = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask,
-                                              sliding=sliding[l], return_routes=routed)
+                                              sliding=sliding[l], return_routes=routed, sparse=sparse[l])
             new_cache.append(layer_cache)
             experts += e
         cache = tuple(new_cache)
@@ -281,7 +281,8 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
             x, cache = carry
             layer, w, pk, pv = xs
             x, cache, *e = decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer,
-                                        sliding=jnp.asarray(sliding)[layer], return_routes=routed)
+                                        sliding=jnp.asarray(sliding)[layer], return_routes=routed,
+                                        sparse=jnp.asarray(sparse)[layer])
             return (x, cache), (e[0] if routed else None)
 
         (x, cache), experts = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))

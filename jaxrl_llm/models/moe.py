@@ -73,6 +73,20 @@ def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None
     return (y, experts, probs, logits) if return_logits else (y, experts, probs)
 
 
+def sparse_mlp(config: ModelConfig, w: dict, x: jax.Array, sparse, replay: jax.Array | None = None,
+               return_logits: bool = False):
+    """`moe_mlp` on a layer of a model that mixes dense and sparse MLP layers (Qwen3-MoE's
+    `mlp_only_layers`, `decoder_sparse_step`): `sparse` is the layer's kind, a Python bool (the unrolled
+    decode step: only that kind is traced) or a traced bool (the layer scan: `lax.cond`, so a dense layer
+    does not run the experts). A dense layer gives zeros (expert ids 0), which its caller replaces by
+    the dense MLP's output."""
+    run = lambda: moe_mlp(config, w, x, replay, return_logits)
+    zeros = lambda: jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(run))
+    if isinstance(sparse, bool):
+        return run() if sparse else zeros()
+    return jax.lax.cond(sparse, run, zeros)
+
+
 def router_stats(logits: jax.Array, probs: jax.Array, experts: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
     """One layer's sums over its real tokens, from which rl/router.py builds the router's losses and metrics.
 
@@ -94,12 +108,13 @@ def router_stats(logits: jax.Array, probs: jax.Array, experts: jax.Array, mask: 
 
 class MoeMlp(nn.Module):
     """Declares one layer's router and experts and applies `moe_mlp` to x (N,S,D) -> (N,S,D), experts (N,S,k)
-    [, `router_stats` over the tokens of `mask` (N,S) when a mask is given]."""
+    [, `router_stats` over the tokens of `mask` (N,S) when a mask is given]. `sparse`: the layer's kind, a
+    traced bool, in a model mixing dense and sparse layers (`sparse_mlp`); None when every layer is sparse."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, replay=None, mask=None):
+    def __call__(self, x, replay=None, mask=None, sparse=None):
         c = self.config
         pdt = jnp.dtype(c.param_dtype)
         d, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
@@ -111,7 +126,11 @@ class MoeMlp(nn.Module):
              "down": param("down", (e, f, d), ("expert", "mlp", "embed"))}
         n, s = x.shape[:2]
         flat_replay = None if replay is None else replay.reshape(n * s, -1)
-        y, experts, probs, logits = moe_mlp(c, w, x.reshape(n * s, d), flat_replay, return_logits=True)
+        if sparse is None:  # every layer sparse
+            y, experts, probs, logits = moe_mlp(c, w, x.reshape(n * s, d), flat_replay, return_logits=True)
+        else:  # this layer's kind (a traced flag): a dense layer's experts are not run, nor counted
+            y, experts, probs, logits = sparse_mlp(c, w, x.reshape(n * s, d), sparse, flat_replay, return_logits=True)
+            mask = None if mask is None else mask * sparse
         out = y.reshape(n, s, d), experts.reshape(n, s, -1)
         if mask is None:
             return out

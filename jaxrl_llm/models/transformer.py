@@ -217,7 +217,7 @@ class Block(nn.Module):
     router_stats: bool = False  # MoE: emit `moe.router_stats` over the tokens of `mask` as a scan output
 
     @nn.compact
-    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding):
+    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse):
         c = self.config
         off = c.norm_offset
         norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
@@ -243,14 +243,16 @@ class Block(nn.Module):
 
         h = norm("post_attn_norm")(x)  # the MLP's input norm (Gemma's pre_feedforward_layernorm)
         experts = stats = None
-        if c.num_experts:
-            m, experts, *stats = MoeMlp(c, name="moe")(h, routes, mask if self.router_stats else None)
+        if c.num_experts:  # [mixed_mlp: both kinds' parameters in every layer, the traced `sparse` picks]
+            m, experts, *stats = MoeMlp(c, name="moe")(h, routes, mask if self.router_stats else None,
+                                                        sparse if c.mixed_mlp else None)
             stats = stats[0] if stats else None
-        else:
+        if not c.num_experts or c.mixed_mlp:
             gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
             up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
             mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "length", "act_mlp"))
-            m = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+            mlp = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+            m = jnp.where(sparse, m, mlp) if c.num_experts else mlp
         x = x + (norm("mlp_out_norm")(m) if c.sandwich_norm else m)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         return x, ((k, v) if self.return_kv else None, experts, stats)
@@ -300,12 +302,13 @@ class Decoder(nn.Module):
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                          in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                                  nn.broadcast, 0),
+                                  nn.broadcast, 0, 0),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
         sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
+        sparse = jnp.asarray(c.moe_layers, bool)  # (L,): so are dense and sparse MLP layers (mixed_mlp)
         stats = self.return_router_stats and c.num_experts > 0
         x, (kv, experts, router) = layers(c, self.return_kv, stats, name="layers")(
-            x, prefix, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding)
+            x, prefix, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")(x)
         return (x, kv) + ((experts,) if self.return_routes else ()) + ((router,) if self.return_router_stats else ())
 

@@ -16,7 +16,7 @@ from jaxrl_llm.rl.router import router_losses
 LENGTHS = [11, 4, 1]
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe_top2", "mixtral_top2"])
+@pytest.fixture(scope="module", params=["qwen3_moe_top2", "mixtral_top2", "qwen3_moe_mixed"])
 def routed(request, tmp_path_factory):
     """(config, params, tokens, mask, transformers' router logits per layer (B*S,E) float64, its aux loss)."""
     import torch
@@ -32,7 +32,8 @@ def routed(request, tmp_path_factory):
         aux = float(load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok,
                                              torch.as_tensor(mask)))
     logits = [r.double().numpy() for r in out.router_logits]
-    assert len(logits) == config.num_layers and abs(float(out.aux_loss) - aux) < 1e-6  # the model's own term
+    # the sparse layers' (a model with dense MLP layers too: those have no router)
+    assert len(logits) == sum(config.moe_layers) and abs(float(out.aux_loss) - aux) < 1e-6  # the model's own term
     return config, params, tokens, mask, logits, aux
 
 
@@ -55,9 +56,10 @@ def test_load_balance_and_z_loss_match_transformers_and_a_float64_loop(routed):
             total, n = total + lse * lse, n + 1
     np.testing.assert_allclose(float(z), total / n, rtol=1e-5)
     assert float(metrics["moe/drop_frac"]) == 0.0  # dropless: every (token, expert) pair computed
-    counts = np.zeros((config.num_layers, config.num_experts))  # brute force: the heaviest expert's share x E
-    for l in range(config.num_layers):
-        np.add.at(counts[l], np.asarray(routes[l])[mask.astype(bool)].reshape(-1), 1)
+    sparse = [l for l in range(config.num_layers) if config.moe_layers[l]]
+    counts = np.zeros((len(sparse), config.num_experts))  # brute force: the heaviest expert's share x E
+    for i, l in enumerate(sparse):
+        np.add.at(counts[i], np.asarray(routes[l])[mask.astype(bool)].reshape(-1), 1)
     load = (counts.max(-1) / counts.sum(-1)).max() * config.num_experts
     np.testing.assert_allclose(float(metrics["moe/expert_load_max"]), load, rtol=1e-6)
     assert 1.0 <= load <= config.num_experts
@@ -101,7 +103,7 @@ def test_router_losses_gradient_matches_finite_differences(k, norm):
 
 def test_replayed_experts_are_the_ones_counted(routed):
     """Under routing replay the load counts the replayed experts (those the forward computed), the
-    probabilities stay this pass's: layer 0's are the same as without replay."""
+    probabilities stay this pass's: the first sparse layer's are the same as without replay."""
     config, params, tokens, mask, _, _ = routed
     run = jax.jit(_stats, static_argnums=0)
     _, _, _, free = run(config, params, tokens, mask)
@@ -110,13 +112,16 @@ def test_replayed_experts_are_the_ones_counted(routed):
     replay = np.stack([np.stack([rng.permutation(e)[:k] for _ in range(tokens.size)])
                        for _ in range(config.num_layers)]).reshape(config.num_layers, *tokens.shape, k)
     _, _, routes, stats = run(config, params, tokens, mask, jnp.asarray(replay, jnp.int32))
-    np.testing.assert_array_equal(routes, replay)
-    counts = np.zeros((config.num_layers, e))
-    for l in range(config.num_layers):
+    sparse = np.asarray(config.moe_layers)
+    np.testing.assert_array_equal(np.asarray(routes)[sparse], replay[sparse])
+    assert not np.asarray(routes)[~sparse].any()  # a dense layer (mixed model) routes nothing
+    counts = np.zeros((config.num_layers, e))  # a dense layer (mixed model) counts nothing
+    for l in (l for l in range(config.num_layers) if config.moe_layers[l]):
         np.add.at(counts[l], replay[l][mask.astype(bool)].reshape(-1), 1)
     np.testing.assert_array_equal(np.asarray(stats["counts"]), counts)
-    np.testing.assert_allclose(np.asarray(stats["probs"][0]), np.asarray(free["probs"][0]), rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(stats["tokens"]), [mask.sum()] * config.num_layers)
+    first = config.moe_layers.index(True)
+    np.testing.assert_allclose(np.asarray(stats["probs"][first]), np.asarray(free["probs"][first]), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(stats["tokens"]), [mask.sum() * s for s in config.moe_layers])
 
 
 @pytest.mark.parametrize("change,message", [

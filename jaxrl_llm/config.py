@@ -42,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
     c.model.routing_replay = True  # mixture-of-experts: the trainer's passes reuse the sampler's experts
+    # MoE router losses in the update (rl/router.py), 0 = off as transformers' default (output_router_logits
+    # False); the checkpoints' own coefficients: Qwen3-MoE 0.001, Mixtral 0.02
+    c.model.router_aux_loss_coef = 0.0  # load-balancing loss (Switch / Mixtral)
+    c.model.router_z_loss_coef = 0.0  # router z-loss (ST-MoE)
     c.model.compute_dtype = "float32"  # matmul/activation dtype; "bfloat16" on accelerators
     # "none" | "dots" | "full": what the backward recomputes (the gradients are the same). "dots" keeps the
     # matmul outputs and recomputes the elementwise work: at SmolLM2-135M's shape the update's peak RSS is

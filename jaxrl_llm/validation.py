@@ -96,6 +96,11 @@ def _validate_model_and_data(c) -> None:
         _check(c, f, lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16")
     _check(c, "model.remat", lambda v: v in ("none", "full", "dots"), "none, full or dots")
     _check(c, "model.routing_replay", lambda v: isinstance(v, bool), "True or False")
+    for f in ("model.router_aux_loss_coef", "model.router_z_loss_coef"):  # MoE router losses (rl/router.py)
+        _check(c, f, lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = off)")
+    if (c.model.router_aux_loss_coef or c.model.router_z_loss_coef) and c.train.pack_length:
+        _fail("train.pack_length", "0 with a router loss (model.router_aux_loss_coef / router_z_loss_coef > 0: "
+              "packed rows do not return the router's sums)", c.train.pack_length)
     _check_choice(c, "model.attention", ATTENTION_IMPLS)
     if c.model.attention == "cudnn" and {c.model.compute_dtype, c.rollout.compute_dtype} - {"", "bfloat16", "float16"}:
         _fail("model.attention", "auto, xla or blockwise with a float32 model.compute_dtype or "

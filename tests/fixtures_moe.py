@@ -3,13 +3,18 @@ from __future__ import annotations
 
 from fixtures_hf import TINY
 
-# name -> (model_type, config kwargs): many experts, top-8 and top-2, with and without renormalization.
+# name -> (model_type, config kwargs): many experts, top-8 and top-2, with and without renormalization,
+# and dense MLP layers among sparse ones.
 MOE_VARIANTS = {
     "qwen3_moe_top8": ("qwen3_moe", dict(num_experts=16, num_experts_per_tok=8, moe_intermediate_size=24,
                                          norm_topk_prob=False, head_dim=16, tie_word_embeddings=False)),
     "qwen3_moe_top2": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
                                          norm_topk_prob=True, head_dim=8, tie_word_embeddings=True)),
     "mixtral_top2": ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=24)),
+    # dense MLP layers among the sparse ones: layers 1 and 5 have experts (step 2, 0 and 3 listed dense)
+    "qwen3_moe_mixed": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                                          norm_topk_prob=True, head_dim=8, num_hidden_layers=6,
+                                          decoder_sparse_step=2, mlp_only_layers=[0, 3])),
 }
 
 

@@ -152,8 +152,8 @@ def test_replayed_routes_give_the_same_model_and_router_gradients(tmp_path):
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(mlp_only_layers=[0]), "dense MLP layers [0]"),
-    (dict(decoder_sparse_step=2), "dense MLP layers [0]"),
+    (dict(mlp_only_layers=[2]), "mlp_only_layers must list layer indices in [0, 2"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step must be an int >= 1; got 0"),
     (dict(num_experts_per_tok=9), "num_experts_per_tok=9"),
 ])
 def test_unsupported_moe_configs_fail_in_one_line(change, message):
@@ -242,3 +242,28 @@ def test_trainer_logp_pass_replays_the_batch_routes(tiny_moe):
     assert np.abs(np.asarray(logp(b)) - np.asarray(r.logprobs))[m].max() <= 1e-4
     shifted = {**b, "routes": (b["routes"] + 1) % config.num_experts}
     assert np.abs(np.asarray(logp(shifted)) - np.asarray(r.logprobs))[m].max() > 1e-3
+
+
+@pytest.mark.parametrize("unrolled", [True, False])
+def test_dense_and_sparse_layers_decode_as_the_trainer_computes(moe_model, unrolled, monkeypatch):
+    """A model mixing dense and sparse MLP layers (decoder_sparse_step, mlp_only_layers): the sampler's
+    decode step, unrolled (each layer's kind static) or scanned (the kind a traced flag), gives the
+    trainer's log-probs and routes; the dense layers record no expert."""
+    from jaxrl_llm.models import lm
+    from jaxrl_llm.sampling import generate
+    variant, path, _ = moe_model
+    if variant != "qwen3_moe_mixed":
+        pytest.skip("the mixed model only")
+    config, params = load_hf(path)
+    assert config.moe_layers == (False, True, False, False, False, True) and config.mixed_mlp
+    monkeypatch.setattr(lm, "DECODE_UNROLL_MAX_LAYERS", 8 if unrolled else 0)
+    assert lm.decode_unrolled(config) == unrolled
+    tokens, mask = left_padded_batch(np.random.default_rng(8), [6, 3], config.vocab_size)
+    r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=5, eos_ids=[2], pad_id=0)
+    hidden = lm.completion_hidden(config, params, r.prompt_tokens, r.prompt_mask, r.tokens, r.mask,
+                                  prompt_routes=r.prompt_routes, routes=r.routes)
+    trainer = lm.logprobs_from_hidden(config, params, hidden, r.tokens)
+    m = np.asarray(r.mask).astype(bool)
+    assert np.abs(np.asarray(trainer) - np.asarray(r.logprobs))[m].max() <= 1e-4
+    dense = np.asarray(r.routes)[[0, 2, 3, 4]]
+    assert not dense.any() and np.asarray(r.routes)[[1, 5]][:, m].any()

@@ -66,6 +66,10 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the selected experts' gate probabilities to sum to 1
+    # Qwen3-MoE: layer i has experts when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0,
+    # else a dense MLP of intermediate_size (`moe_layers`); such a model holds both kinds in every layer.
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     # Mistral / Gemma 2 / Gemma 3 (models/families.py); the defaults leave Llama and Qwen unchanged.
     sliding_window: int | None = None  # a windowed layer's query i sees keys j with i - j < sliding_window
     layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () = all full
@@ -112,6 +116,18 @@ class ModelConfig:
             else (True,) * self.num_layers
 
     @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether its MLP is the experts (transformers' Qwen3MoeDecoderLayer rule)."""
+        return tuple(bool(self.num_experts) and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+                     for i in range(self.num_layers))
+
+    @property
+    def mixed_mlp(self) -> bool:
+        """An MoE model with dense MLP layers too: every layer then holds both kinds' parameters (the
+        unused kind's zero) and the scanned layer body picks by a per-layer flag (models/transformer.py)."""
+        return self.num_experts > 0 and not all(self.moe_layers)
+
+    @property
     def attn_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
@@ -124,8 +140,8 @@ class ModelConfig:
                                 self.head_dim, self.num_layers, self.vocab_size)
         attn = d * h * hd * 2 + d * k * hd * 2 + (h + 2 * k) * hd * self.qkv_bias + d * self.o_bias
         mlp = 3 * d * f + (2 * f + d) * self.mlp_bias
-        if self.num_experts:
-            mlp = d * self.num_experts + 3 * d * self.moe_intermediate_size * self.num_experts
+        if self.num_experts:  # [mixed_mlp: both kinds are stored in every layer]
+            mlp = d * self.num_experts + 3 * d * self.moe_intermediate_size * self.num_experts + self.mixed_mlp * 3 * d * f
         per_layer = attn + mlp + 2 * d * (1 + self.sandwich_norm) + 2 * hd * self.qk_norm
         return L * per_layer + d + v * d * (1 if self.tie_word_embeddings else 2)
 
@@ -221,16 +237,17 @@ def _moe_from_hf(d: dict[str, Any], source: str, model_type: str) -> dict[str, A
             raise ValueError(f"{source}: sliding_window={d['sliding_window']} is not supported (expected null)")
         return dict(num_experts=int(experts), num_experts_per_tok=int(k), norm_topk_prob=True,
                     moe_intermediate_size=int(d["intermediate_size"]))
-    layers = int(d["num_hidden_layers"])
-    step, dense_only = int(d.get("decoder_sparse_step", 1) or 1), set(d.get("mlp_only_layers") or ())
-    dense = [i for i in range(layers) if i in dense_only or (i + 1) % step]
-    if dense:  # the layer scan needs one block type: a dense MLP among sparse ones is a second
-        raise ValueError(f"{source}: dense MLP layers {dense} among sparse ones (decoder_sparse_step={step}, "
-                         f"mlp_only_layers={sorted(dense_only)}) are not supported; expected every layer sparse")
+    layers, step, dense_only = int(d["num_hidden_layers"]), d.get("decoder_sparse_step", 1), d.get("mlp_only_layers") or []
+    step = 1 if step is None else step
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"{source}: decoder_sparse_step must be an int >= 1; got {step!r}")
+    if any(not isinstance(i, int) or not 0 <= i < layers for i in dense_only):
+        raise ValueError(f"{source}: mlp_only_layers must list layer indices in [0, {layers}); got {dense_only!r}")
     if "moe_intermediate_size" not in d:
         raise ValueError(f"{source}: missing required field moe_intermediate_size")
     return dict(num_experts=int(experts), num_experts_per_tok=int(k), norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-                moe_intermediate_size=int(d["moe_intermediate_size"]))
+                moe_intermediate_size=int(d["moe_intermediate_size"]), decoder_sparse_step=step,
+                mlp_only_layers=tuple(sorted(set(dense_only))))
 
 
 def rope_to_hf(r: RopeConfig) -> dict[str, Any]:
@@ -284,8 +301,9 @@ def config_to_hf_dict(config: ModelConfig, torch_dtype: str | None = None) -> di
     elif config.model_type in ("qwen3", "qwen3_moe"):
         d.update(attention_bias=config.qkv_bias, use_sliding_window=False)
     if config.model_type == "qwen3_moe":  # both spellings of the count: 4.x num_experts, 5.x num_local_experts
-        d.update(num_experts=config.num_experts, num_local_experts=config.num_experts, decoder_sparse_step=1,
-                 mlp_only_layers=[], moe_intermediate_size=config.moe_intermediate_size,
+        d.update(num_experts=config.num_experts, num_local_experts=config.num_experts,
+                 decoder_sparse_step=config.decoder_sparse_step, mlp_only_layers=list(config.mlp_only_layers),
+                 moe_intermediate_size=config.moe_intermediate_size,
                  num_experts_per_tok=config.num_experts_per_tok, norm_topk_prob=config.norm_topk_prob)
     elif config.model_type == "mixtral":
         d.update(num_local_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,

@@ -12,7 +12,7 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.kernels import soft_cap
-from jaxrl_llm.models.moe import moe_mlp
+from jaxrl_llm.models.moe import moe_mlp, sparse_mlp
 from jaxrl_llm.models.transformer import activation, apply_rope, layer_window, rms_norm
 
 
@@ -38,7 +38,7 @@ def decode_weights(config: ModelConfig, layer, *, fuse: bool) -> dict:
          }
     if c.num_experts:
         w["moe"] = dict(layer["moe"])  # router (..., D, E), gate, up (..., E, D, F), down (..., E, F, D)
-    else:
+    if not c.num_experts or c.mixed_mlp:
         w.update(gate=layer["gate_proj"]["kernel"], up=layer["up_proj"]["kernel"], down=layer["down_proj"]["kernel"])
     if c.qkv_bias:
         w.update({f"{k}_bias": layer[f"{k}_proj"]["bias"].reshape(*lead, -1) for k in "qkv"})
@@ -106,7 +106,7 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask, sca
 
 
 def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix, prefix_mask, layer=None,
-                 sliding=False, return_routes: bool = False):
+                 sliding=False, return_routes: bool = False, sparse=True):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
     or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
     or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
@@ -115,7 +115,8 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     cache before the write would make XLA copy it to keep the old version alive. sliding: whether this
     layer is windowed (a bool, or traced in the scanned step); cos, sin (2,N,hd) with `config.local_rope`
     (global, local). Returns (x (N,D), cache) [, the experts (N,k) this token was routed to: MoE with
-    return_routes].
+    return_routes]. sparse: whether this layer's MLP is the experts, in a model mixing both kinds
+    (`ModelConfig.mixed_mlp`; a bool, or traced in the scanned step, as `sliding`).
     """
     c = config
     off = c.norm_offset
@@ -145,16 +146,17 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     x = x + (rms_norm(a, w["attn_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm else a)
 
     y = rms_norm(x, w["post_attn_norm"], c.rms_norm_eps, off)
+    experts = None
     if c.num_experts:
-        y, experts, _ = moe_mlp(c, w["moe"], y)
-        x = nn.with_logical_constraint(x + y, ("batch", "act_embed"))
-        return (x, (ck, cv), experts) if return_routes else (x, (ck, cv))
-    gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
-    mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "act_mlp"))
-    m = dense(mid, "down")
+        m, experts, _ = sparse_mlp(c, w["moe"], y, sparse) if c.mixed_mlp else moe_mlp(c, w["moe"], y)
+    if not c.num_experts or (c.mixed_mlp and sparse is not True):  # a static True: the experts alone
+        gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w else (dense(y, "gate"), dense(y, "up"))
+        mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "act_mlp"))
+        mlp = dense(mid, "down")
+        m = mlp if not c.num_experts or sparse is False else jnp.where(sparse, m, mlp)
     x = nn.with_logical_constraint(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
                                         else m), ("batch", "act_embed"))
-    return x, (ck, cv)
+    return (x, (ck, cv), experts) if return_routes and c.num_experts else (x, (ck, cv))
 
 
 def _cache_write(cache, k, v, index, layer):

@@ -54,7 +54,7 @@ def _layer_entries(c: ModelConfig) -> list[tuple[tuple[str, ...], str, tuple[int
     ]
     if c.num_experts:  # the experts themselves: moe_hf.expert_entries (E HF tensors per layer tensor)
         e.append(moe_hf.router_entry(c))
-    else:
+    if not c.num_experts or c.mixed_mlp:  # mixed: the dense layers' (`layers_holding`)
         e += [(("gate_proj", "kernel"), "mlp.gate_proj.weight", (f, d), lin_in(f), lin_out),
               (("up_proj", "kernel"), "mlp.up_proj.weight", (f, d), lin_in(f), lin_out),
               (("down_proj", "kernel"), "mlp.down_proj.weight", (d, f), lin_in(d), lin_out)]
@@ -184,6 +184,16 @@ def _get(tree: dict, path: tuple[str, ...]):
     return tree
 
 
+def layers_holding(c: ModelConfig, ours: tuple[str, ...]) -> list[int]:
+    """The layers whose checkpoint holds the tensor of our path `ours`: every layer, but in a model mixing
+    dense and sparse MLPs (`ModelConfig.mixed_mlp`) the experts are the sparse layers' and the dense MLP
+    the others'; the other layers hold zeros in our stacked params, and export skips them."""
+    layers = range(c.num_layers)
+    if not c.mixed_mlp or ours[0] not in ("moe", "gate_proj", "up_proj", "down_proj"):
+        return list(layers)
+    return [i for i in layers if c.moe_layers[i] == (ours[0] == "moe")]
+
+
 def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool = True,
                     extra: dict[str, tuple[int, ...]] | None = None, shardings=None):
     """Reads the decoder parameters [and `extra` HF tensors by name, with their expected shapes].
@@ -203,10 +213,10 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
     layer_entries = _layer_entries(config)
     top = _top_entries(config, with_lm_head)
     expected = {name: shape for _, name, shape, _, _ in top}
-    expected.update({f"model.layers.{i}.{suffix}": shape for _, suffix, shape, _, _ in layer_entries
-                     for i in range(L)})
-    expected.update({f"model.layers.{i}.{suffix}": shape for _, suffixes, shape, _, _ in expert_entries
-                     for suffix in suffixes for i in range(L)})
+    expected.update({f"model.layers.{i}.{suffix}": shape for ours, suffix, shape, _, _ in layer_entries
+                     for i in layers_holding(config, ours)})
+    expected.update({f"model.layers.{i}.{suffix}": shape for ours, suffixes, shape, _, _ in expert_entries
+                     for suffix in suffixes for i in layers_holding(config, ours)})
     expected.update(extra or {})
     for name, shape in expected.items():
         if name not in index.where:
@@ -223,15 +233,16 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
     for ours, suffix, shape, to_ours, _ in layer_entries:
         our_shape = (L, *to_ours(np.empty(shape, np.uint8)).shape)
 
-        def cb(idx, suffix=suffix, f=to_ours):
-            layers = range(L)[idx[0]]
-            return np.stack([f(index.read(f"model.layers.{i}.{suffix}"))[idx[1:]] for i in layers])
+        def cb(idx, suffix=suffix, f=to_ours, shape=shape, held=set(layers_holding(config, ours))):
+            read = lambda i: index.read(f"model.layers.{i}.{suffix}") if i in held else np.zeros(shape, np_dtype)
+            return np.stack([f(read(i))[idx[1:]] for i in range(L)[idx[0]]])
         specs.append((("layers", *ours), our_shape, cb))
     for ours, suffixes, shape, to_ours, _ in expert_entries:
         our_shape = (L, *to_ours(np.empty((len(suffixes), *shape), np.uint8)).shape)
 
-        def cb(idx, suffixes=suffixes, f=to_ours):
-            read = lambda i: np.stack([index.read(f"model.layers.{i}.{s}") for s in suffixes])
+        def cb(idx, suffixes=suffixes, f=to_ours, shape=shape, held=set(layers_holding(config, ours))):
+            read = lambda i: (np.stack([index.read(f"model.layers.{i}.{s}") for s in suffixes]) if i in held
+                              else np.zeros((len(suffixes), *shape), np_dtype))
             return np.stack([f(read(i))[idx[1:]] for i in range(L)[idx[0]]])
         specs.append((("layers", *ours), our_shape, cb))
 
@@ -269,11 +280,11 @@ def hf_state_dict(config: ModelConfig, params, dtype=None, *, with_lm_head: bool
         out[name] = to_hf(_get(host, ours))
     for ours, suffix, _, _, to_hf in _layer_entries(config):
         stacked = _get(host["layers"], ours)
-        for i in range(config.num_layers):
+        for i in layers_holding(config, ours):
             out[f"model.layers.{i}.{suffix}"] = to_hf(stacked[i])
     for ours, suffixes, _, _, to_hf in (moe_hf.expert_entries(config) if config.num_experts else []):
         stacked = _get(host["layers"], ours)
-        for i in range(config.num_layers):
+        for i in layers_holding(config, ours):
             out.update({f"model.layers.{i}.{s}": w for s, w in zip(suffixes, to_hf(stacked[i]))})
     return {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in out.items()}
 

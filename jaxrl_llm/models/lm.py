@@ -142,7 +142,7 @@ def prefill(config: ModelConfig, params, prompts: jax.Array, prompt_mask: jax.Ar
 
 @precise
 def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, completions, completion_mask,
-                      dropout_rng=None, prompt_routes=None, routes=None):
+                      dropout_rng=None, prompt_routes=None, routes=None, router_stats: bool = False):
     """Hidden states that predict each completion token, sharing each prompt across its G completions.
 
     prompts/prompt_mask (B,P) left-padded; completions/completion_mask (N,T) right-padded, N = B*G,
@@ -151,6 +151,8 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     Equal (up to float rounding) to running the concatenated [prompt; completion] rows one by one, at
     B*P + N*T token cost instead of N*(P+T). dropout_rng: a key for LoRA dropout (training only).
     MoE routing replay: prompt_routes (L,B,P,k) and routes (L,N,T,k), the experts the sampler chose.
+    router_stats: also return the router's per-layer sums (models/moe.py) over the completion tokens of
+    `completion_mask` -- the prompts' tokens do not count (rl/router.py); (hidden, stats) then.
     """
     b = prompts.shape[0]
     n, t = completions.shape
@@ -160,11 +162,12 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
                            routes=prompt_routes)
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    c_hidden, _ = Decoder(config, with_lm_head=False).apply(
+    c_hidden, _, *stats = Decoder(config, with_lm_head=False, return_router_stats=router_stats).apply(
         {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
         prefix_mask=prompt_mask.astype(bool), rngs=rngs[1], routes=routes)
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
-    return jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
+    hidden = jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
+    return (hidden, stats[0]) if router_stats else hidden
 
 
 # Depth up to which a decode step unrolls the layer loop; deeper models scan over the stacked layers.
@@ -263,12 +266,12 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
         cos_l, sin_l = rope_cos_sin(c, positions[:, None], local=True)
         cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
     cos, sin = jax.lax.optimization_barrier((cos[..., 0, :], sin[..., 0, :]))
-    sliding = c.sliding_layers
+    sliding, sparse = c.sliding_layers, c.moe_layers
     if decode_unrolled(c):
         new_cache, experts = [], []
         for l, (w, layer_cache, layer_prefix) in enumerate(zip(weights, cache, prefix)):
             x, layer_cache, *e = decode_layer(c, w, x, cos, sin, layer_cache, cache_index, layer_prefix, prefix_mask,
-                                              sliding=sliding[l], return_routes=routed)
+                                              sliding=sliding[l], return_routes=routed, sparse=sparse[l])
             new_cache.append(layer_cache)
             experts += e
         cache = tuple(new_cache)
@@ -278,7 +281,8 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
             x, cache = carry
             layer, w, pk, pv = xs
             x, cache, *e = decode_layer(c, w, x, cos, sin, cache, cache_index, (pk, pv), prefix_mask, layer,
-                                        sliding=jnp.asarray(sliding)[layer], return_routes=routed)
+                                        sliding=jnp.asarray(sliding)[layer], return_routes=routed,
+                                        sparse=jnp.asarray(sparse)[layer])
             return (x, cache), (e[0] if routed else None)
 
         (x, cache), experts = jax.lax.scan(one, (x, cache), (jnp.arange(c.num_layers), weights, *prefix))

@@ -62,22 +62,59 @@ def grouped_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: 
     return jnp.zeros((m, x.shape[-1]), dtype).at[token].add(y)
 
 
-def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None = None):
-    """x (M,D) through one layer's experts `w` (router, gate, up, down) -> (y (M,D), experts (M,k), probs (M,E))."""
+def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None = None,
+            return_logits: bool = False):
+    """x (M,D) through one layer's experts `w` (router, gate, up, down) -> (y (M,D), experts (M,k), probs (M,E)
+    [, router logits (M,E) with return_logits])."""
     dt = jnp.dtype(config.dtype)
     logits = jnp.dot(x.astype(dt), w["router"].astype(dt))
     weights, experts, probs = route(config, logits, replay)
     y = grouped_experts(x, experts, weights.astype(dt), w["gate"], w["up"], w["down"], dt)
-    return y, experts, probs
+    return (y, experts, probs, logits) if return_logits else (y, experts, probs)
+
+
+def sparse_mlp(config: ModelConfig, w: dict, x: jax.Array, sparse, replay: jax.Array | None = None,
+               return_logits: bool = False):
+    """`moe_mlp` on a layer of a model that mixes dense and sparse MLP layers (Qwen3-MoE's
+    `mlp_only_layers`, `decoder_sparse_step`): `sparse` is the layer's kind, a Python bool (the unrolled
+    decode step: only that kind is traced) or a traced bool (the layer scan: `lax.cond`, so a dense layer
+    does not run the experts). A dense layer gives zeros (expert ids 0), which its caller replaces by
+    the dense MLP's output."""
+    run = lambda: moe_mlp(config, w, x, replay, return_logits)
+    zeros = lambda: jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(run))
+    if isinstance(sparse, bool):
+        return run() if sparse else zeros()
+    return jax.lax.cond(sparse, run, zeros)
+
+
+def router_stats(logits: jax.Array, probs: jax.Array, experts: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """One layer's sums over its real tokens, from which rl/router.py builds the router's losses and metrics.
+
+    logits, probs (M,E); experts (M,k) the experts the tokens were computed by (replayed ones under
+    routing replay); mask (M,) the tokens that count (0 for padding). Returns float32 sums:
+    `probs` (E,) of the router probabilities, `counts` (E,) of the (token, expert) pairs the grouped
+    product computed (`grouped_experts` computes one per in-range expert id, so an id outside [0, E)
+    would be a dropped pair), `z` () of logsumexp(logits)^2, `tokens` () of the mask. Gradients flow
+    through `probs` and `z`; `counts` are integers.
+    """
+    num_experts = probs.shape[-1]
+    w = mask.astype(jnp.float32)
+    counts = jnp.zeros((num_experts,), jnp.float32).at[experts.reshape(-1)].add(
+        jnp.repeat(w, experts.shape[-1]), mode="drop")  # out-of-range ids are dropped, as in the product
+    lse = jax.nn.logsumexp(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+    return {"probs": jnp.sum(probs * w[:, None], axis=0), "counts": jax.lax.stop_gradient(counts),
+            "z": jnp.sum(w * lse * lse), "tokens": jnp.sum(w)}
 
 
 class MoeMlp(nn.Module):
-    """Declares one layer's router and experts and applies `moe_mlp` to x (N,S,D) -> (N,S,D), experts (N,S,k)."""
+    """Declares one layer's router and experts and applies `moe_mlp` to x (N,S,D) -> (N,S,D), experts (N,S,k)
+    [, `router_stats` over the tokens of `mask` (N,S) when a mask is given]. `sparse`: the layer's kind, a
+    traced bool, in a model mixing dense and sparse layers (`sparse_mlp`); None when every layer is sparse."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, replay=None):
+    def __call__(self, x, replay=None, mask=None, sparse=None):
         c = self.config
         pdt = jnp.dtype(c.param_dtype)
         d, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
@@ -89,5 +126,12 @@ class MoeMlp(nn.Module):
              "down": param("down", (e, f, d), ("expert", "mlp", "embed"))}
         n, s = x.shape[:2]
         flat_replay = None if replay is None else replay.reshape(n * s, -1)
-        y, experts, _ = moe_mlp(c, w, x.reshape(n * s, d), flat_replay)
-        return y.reshape(n, s, d), experts.reshape(n, s, -1)
+        if sparse is None:  # every layer sparse
+            y, experts, probs, logits = moe_mlp(c, w, x.reshape(n * s, d), flat_replay, return_logits=True)
+        else:  # this layer's kind (a traced flag): a dense layer's experts are not run, nor counted
+            y, experts, probs, logits = sparse_mlp(c, w, x.reshape(n * s, d), sparse, flat_replay, return_logits=True)
+            mask = None if mask is None else mask * sparse
+        out = y.reshape(n, s, d), experts.reshape(n, s, -1)
+        if mask is None:
+            return out
+        return (*out, router_stats(logits, probs, experts, mask.reshape(n * s)))

@@ -209,13 +209,15 @@ class Dense(nn.Module):
 
 class Block(nn.Module):
     """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v) and
-    [MoE] replayed experts (N,S,k); ys: its (k, v) when return_kv, and [MoE] the experts it routed to."""
+    [MoE] replayed experts (N,S,k); ys: its (k, v) when return_kv, and [MoE] the experts it routed to and
+    [router_stats] its router's sums (models/moe.py `router_stats`)."""
 
     config: ModelConfig
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
+    router_stats: bool = False  # MoE: emit `moe.router_stats` over the tokens of `mask` as a scan output
 
     @nn.compact
-    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding):
+    def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse):
         c = self.config
         off = c.norm_offset
         norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
@@ -241,17 +243,20 @@ class Block(nn.Module):
         x = x + (norm("attn_out_norm")(a) if c.sandwich_norm else a)
 
         h = norm("post_attn_norm")(x)  # the MLP's input norm (Gemma's pre_feedforward_layernorm)
-        experts = None
-        if c.num_experts:
-            m, experts = MoeMlp(c, name="moe")(h, routes)
-        else:
+        experts = stats = None
+        if c.num_experts:  # [mixed_mlp: both kinds' parameters in every layer, the traced `sparse` picks]
+            m, experts, *stats = MoeMlp(c, name="moe")(h, routes, mask if self.router_stats else None,
+                                                        sparse if c.mixed_mlp else None)
+            stats = stats[0] if stats else None
+        if not c.num_experts or c.mixed_mlp:
             gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
             up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
             mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "length", "act_mlp"))
-            m = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+            mlp = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
+            m = jnp.where(sparse, m, mlp) if c.num_experts else mlp
         x = x + (norm("mlp_out_norm")(m) if c.sandwich_norm else m)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-        return x, ((k, v) if self.return_kv else None, experts)
+        return x, ((k, v) if self.return_kv else None, experts, stats)
 
 
 _REMAT_POLICIES = {
@@ -262,7 +267,8 @@ _REMAT_POLICIES = {
 
 class Decoder(nn.Module):
     """Embedding -> L scanned blocks -> final norm. Returns (hidden (N,S,D), per-layer (k, v) or None
-    [, experts (L,N,S,k) when return_routes]). `routes` (L,N,S,k): MoE experts to replay (models/moe.py).
+    [, experts (L,N,S,k) when return_routes] [, router sums, each with a leading L axis, over the tokens of
+    `mask` when return_router_stats]). `routes` (L,N,S,k): MoE experts to replay (models/moe.py).
 
     The LM head is applied outside (`lm_head_weight`) so that log-probs can be computed in sequence
     chunks and the value model can skip it; `with_lm_head` only declares its parameters (untied models).
@@ -272,6 +278,7 @@ class Decoder(nn.Module):
     return_kv: bool = False
     with_lm_head: bool = True
     return_routes: bool = False  # MoE: also return the selected experts (L,N,S,k) int32
+    return_router_stats: bool = False  # MoE: also return `moe.router_stats` per layer (the router's losses)
 
     @nn.compact
     def __call__(self, tokens, positions, mask, prefix=None, prefix_mask=None, segment_ids=None, routes=None):
@@ -296,15 +303,15 @@ class Decoder(nn.Module):
             block = nn.remat(Block, prevent_cse=False, policy=_REMAT_POLICIES[c.remat])
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                          in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                                  nn.broadcast, 0),
+                                  nn.broadcast, 0, 0),
                          length=c.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
         sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
-        x, (kv, experts) = layers(c, self.return_kv, name="layers")(x, prefix, routes, cos, sin, mask, segment_ids,
-                                                                     prefix_mask, positions, sliding)
+        sparse = jnp.asarray(c.moe_layers, bool)  # (L,): so are dense and sparse MLP layers (mixed_mlp)
+        stats = self.return_router_stats and c.num_experts > 0
+        x, (kv, experts, router) = layers(c, self.return_kv, stats, name="layers")(
+            x, prefix, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse)
         x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")(x)
-        if self.return_routes:
-            return x, kv, experts
-        return x, kv
+        return (x, kv) + ((experts,) if self.return_routes else ()) + ((router,) if self.return_router_stats else ())
 
 
 def embed(config: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -37,6 +37,7 @@ from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_
 from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
 from jaxrl_llm.rl.distill import DISTILL_KINDS, distill_stats, opd_advantages
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
+from jaxrl_llm.rl.router import router_losses
 from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, LOG_RATIO_CLAMP, RATIOS, SURROGATES, aggregate,
                                  aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
 
@@ -171,6 +172,9 @@ class Objective:
     distill_beta: float = 0.5  # gkd: 0 forward KL, 1 reverse KL
     distill_gamma: float = 0.0  # opd: discount of the per-token rewards (0: each token's own)
     distill_chunk: int = 4096  # gkd: vocabulary columns per chunk
+    # ---- mixture-of-experts router (rl/router.py)
+    router_aux_coef: float = 0.0  # load-balancing loss
+    router_z_coef: float = 0.0  # router z-loss
 
     def __post_init__(self):
         for field, value, allowed in (("estimator", self.estimator, ESTIMATORS), ("scale", self.scale, ADVANTAGE_SCALES),
@@ -202,7 +206,8 @@ class Objective:
             correction_mode=c.correction.mode, correction_cap=c.correction.cap or None,
             correction_lower=c.correction.lower or None, value=c.value.enabled, value_clip=c.value.clip or None,
             distill=c.distill.kind if c.teacher.path else "", distill_coef=c.distill.coef, distill_beta=c.distill.beta,
-            distill_gamma=c.distill.gamma, distill_chunk=c.distill.vocab_chunk)
+            distill_gamma=c.distill.gamma, distill_chunk=c.distill.vocab_chunk,
+            router_aux_coef=c.model.router_aux_loss_coef, router_z_coef=c.model.router_z_loss_coef)
 
     @property
     def uses_ref(self) -> bool:
@@ -327,6 +332,22 @@ class Objective:
             loss = loss + self.nll_coef * nll
             metrics["policy/nll"] = nll  # micro-batch shares of the step's NLL: they add up
         return loss, metrics
+
+    @property
+    def uses_router(self) -> bool:
+        """Whether the update's forward returns the MoE router's sums (a router loss is on)."""
+        return self.router_aux_coef > 0 or self.router_z_coef > 0
+
+    def router_loss(self, stats, top_k, mb, den):
+        """aux_coef * load-balancing loss + z_coef * z-loss of one micro-batch (rl/router.py), weighted by
+        its share of the step's loss tokens so that micro-batches add up to their token-weighted mean
+        (with one micro-batch: the loss itself), and its metrics (`_sum`s weighted alike, the load max an
+        extreme)."""
+        balance, z, m = router_losses(stats, top_k)
+        ntok = jnp.sum(mb["loss_mask"])
+        loss = (self.router_aux_coef * balance + self.router_z_coef * z) * ntok / den["value"]
+        metrics = {f"{k}_sum": v * ntok for k, v in m.items() if k != "moe/expert_load_max"}
+        return loss, {**metrics, "moe/expert_load_max": m["moe/expert_load_max"]}
 
     def value_loss(self, values, mb, den):
         """Clipped value loss of one micro-batch (token-mean over the step's loss tokens) and metrics. The

@@ -35,7 +35,8 @@ from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
 
-_EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max")  # combined by min/max, not summed
+# combined by min/max, not summed; the last only with a MoE router loss
+_EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max", "moe/expert_load_max")
 
 
 @flax.struct.dataclass
@@ -61,10 +62,11 @@ def attended(b):
 
 
 def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0,
-            dropout_rng=None):
+            dropout_rng=None, router_stats=False):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
     when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
-    dropout_rng: a key for LoRA dropout (the update only)."""
+    dropout_rng: a key for LoRA dropout (the update only). router_stats: MoE, also the router's per-layer
+    sums over the attended completion tokens (models/moe.py; unpacked only), last in the tuple."""
     replay = "routes" in b  # MoE routing replay: the sampler's experts, (rows, tokens, L, k)
     if pack is not None:
         return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
@@ -73,8 +75,10 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
     layers_first = lambda r: r.transpose(2, 0, 1, 3) if replay else None
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
-                               routes=layers_first(b.get("routes")))
-    return logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
+                               routes=layers_first(b.get("routes")), router_stats=router_stats)
+    hidden, stats = hidden if router_stats else (hidden, None)
+    out = logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
+    return (*out, stats) if router_stats else out
 
 
 def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False):
@@ -102,29 +106,35 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
 
 
 def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, policy, teacher, b, temperature,
-                   dropout_rng=None, pack=None, pack_length=0):
-    """(log-probs (n,T), entropies (n,T), generalized JSD (n,T)) of the student `policy` on the batch's
-    completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py). With a
+                   dropout_rng=None, pack=None, pack_length=0, router_stats=False):
+    """(log-probs (n,T), entropies (n,T), generalized JSD (n,T) [, MoE router sums]) of the student `policy`
+    on the batch's completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py). With a
     packing plan both models read the same packed rows (models/packing.py) and the three are unpacked to
-    the completion layout: equal on every real completion token, 0 elsewhere."""
+    the completion layout: equal on every real completion token, 0 elsewhere (no router sums: validation
+    refuses a router loss with packing)."""
     jsd = lambda h, th: generalized_jsd(h, lm_head_weight(mc, policy), jax.lax.stop_gradient(th),
                                         lm_head_weight(tmc, teacher), beta=objective.distill_beta,
                                         temperature=temperature, chunk=objective.distill_chunk,
                                         dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
     if pack is not None:
         packed, source, valid = pack_layout(b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
-                                            pack_length)
-        hidden = packed_hidden(mc, policy, packed, dropout_rng)  # (R,L,D): the slots
+                                            pack_length, prompt_routes=b.get("prompt_routes"), routes=b.get("routes"))
+        hidden = packed_hidden(mc, policy, packed, dropout_rng)  # (R,L,D): the slots (MoE: the sampler's routes)
+        packed = {k: v for k, v in packed.items() if k != "routes"}  # the teacher routes its own tokens
         targets = jnp.roll(packed["tokens"], -1, axis=1)  # the token each slot predicts
         logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True)
         div = jsd(hidden, packed_hidden(tmc, teacher, packed))
         T = b["tokens"].shape[1]
         return tuple(unpack(x, source, valid, T) for x in (logp, ent, div))
+    layers_first = lambda r: None if r is None else r.transpose(2, 0, 1, 3)  # MoE student: the sampler's routes
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
-                               dropout_rng)
+                               dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
+                               routes=layers_first(b.get("routes")), router_stats=router_stats)
+    hidden, stats = hidden if router_stats else (hidden, None)
     logp, ent = logprobs_from_hidden(mc, policy, hidden, b["tokens"], temperature, with_entropy=True)
     t_hidden = completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))
-    return logp, ent, jsd(hidden, t_hidden)
+    div = jsd(hidden, t_hidden)
+    return (logp, ent, div, stats) if router_stats else (logp, ent, div)
 
 
 def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None):
@@ -167,19 +177,27 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                 tmc: ModelConfig | None = None):
     """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
     and only the value model learns (VAPO's value pretraining)."""
+    router = objective.uses_router and train_policy  # MoE router losses (rl/router.py)
+    if router and not mc.num_experts:
+        raise ValueError("model.router_aux_loss_coef / router_z_loss_coef > 0 need a mixture-of-experts model "
+                         f"(model_type {mc.model_type} has no experts); expected 0")
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
 
     def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
-        """Policy (+ value) loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        packing, div = {"pack": pack, "pack_length": plan.pack_length}, None
+        """Policy (+ value) [+ router] loss of one micro-batch, normalized by the whole minibatch's denominators."""
+        packing, div, stats = {"pack": pack, "pack_length": plan.pack_length}, None, ()
+        # router sums come unpacked only (validation refuses a router loss with packing)
         if objective.distill == "gkd":
-            logp, ent, div = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
-                                            plan.temperature, dropout_rng, **packing)
+            logp, ent, div, *stats = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
+                                                    plan.temperature, dropout_rng, router_stats=router, **packing)
         else:
-            logp, ent = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
-                                dropout_rng=dropout_rng, **packing)
+            logp, ent, *stats = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                                        dropout_rng=dropout_rng, router_stats=router, **packing)
         loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den, divergence=div)
+        if stats:
+            rl_, raux = objective.router_loss(stats[0], mc.num_experts_per_tok, mb, den)
+            loss, aux = loss + rl_, {**aux, **raux}
         seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
         aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
         if objective.value:
@@ -203,7 +221,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
             (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
                                          minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
             summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
-            return (loss, grads, summed), tuple(aux[k] for k in _EXTREMES)
+            return (loss, grads, summed), {k: aux[k] for k in _EXTREMES if k in aux}
 
         micro = (pidx.reshape(plan.grad_accum, -1), pack)
         acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
@@ -221,7 +239,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         update: DAPO kept no group, every row masked; it carries no gradient, and even a zero gradient
         would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), (rmin, rmax, diff), empty = gradients(state, b, pidx, pack, base, teacher)
+        (loss, grads, aux), extremes, empty = gradients(state, b, pidx, pack, base, teacher)
+        rmin, rmax, diff = (extremes.pop(k) for k in _EXTREMES[:3])
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
@@ -252,7 +271,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                         "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
                         "lr": schedule(state.opt_step), "train/skipped_updates": (~finite & ~empty).astype(jnp.float32),
                         "train/empty_updates": empty.astype(jnp.float32),
-                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32)})
+                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32),
+                        **{k: jnp.max(v) for k, v in extremes.items()}})  # the MoE load max
         return new_state, metrics
     return update
 

@@ -37,6 +37,7 @@ def get_config(arg=None):
     c.model.num_kv_heads = 2
     c.model.intermediate_size = 128
     c.model.max_position_embeddings = 64
+    c.model.remat = "none"  # a tiny model's activations are kilobytes: rematerialising only costs compile time
 
     c.data.task = "digit_puzzles"
     c.data.prompt_column = "prompt"

@@ -151,6 +151,11 @@ def test_export_cli_matches_checkpoint_logits(tmp_path):
 
 def test_incompatible_workdir_is_refused_then_force_new(tmp_path):
     Trainer(small_config(total_steps=1), str(tmp_path)).run()
+    # How the same function is computed may change on resume (workdir.RESUMABLE_MODEL_FIELDS) ...
+    assert Trainer(small_config(total_steps=1, **{"model.remat": "full", "model.logits_chunk": 2}),
+                   str(tmp_path)).start_step == 1
+    with pytest.raises(ValueError, match=r"another config \(model.hidden_size: 32 there, 64 now\)"):  # ... not what
+        Trainer(small_config(total_steps=1, **{"model.hidden_size": 64}), str(tmp_path))
     with pytest.raises(ValueError, match=r"holds a run with another config \(rollout.temperature: 1.0 there, 0.9 now\)"):
         Trainer(small_config(total_steps=1, **{"rollout.temperature": 0.9}), str(tmp_path))
     t = Trainer(small_config(total_steps=1, force_new=True, **{"rollout.temperature": 0.9}), str(tmp_path))

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 # mesh only changes float rounding: a checkpoint restores onto any mesh; evaluation draws from a stream
 # of its own and never touches the training state).
 RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh", "eval")
+# model.* fields that say how the same function is computed, not what: rematerialisation, the attention
+# kernel and the logits chunk change float rounding only (like the mesh), and are what a user changes to
+# fit memory on resume (model.remat's default became "dots": a run saved with "none" resumes).
+RESUMABLE_MODEL_FIELDS = ("remat", "attention", "logits_chunk")
 
 
 def prepare_workdir(workdir: str, c: ml_collections.ConfigDict) -> epath.Path:
@@ -90,6 +94,9 @@ def check_workdir(workdir: str, resolved: ml_collections.ConfigDict) -> None:
                          "another workdir") from None
     new = json.loads(resolved.to_json())
     old = _with_added_defaults(old, new, json.loads(base_config().to_json()))
+    for config in (old, new):
+        for key in RESUMABLE_MODEL_FIELDS:
+            config.get("model", {}).pop(key, None)
     diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
     if not diff:
         return

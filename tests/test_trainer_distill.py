@@ -13,7 +13,7 @@ from jaxrl_llm.models.hf import save_hf
 from jaxrl_llm.trainer import Trainer
 from jaxrl_llm.trainer.adapters import base_rng
 from jaxrl_llm.trainer.setup import builtin_model_config
-from jaxrl_llm.trainer.teacher import check_gkd_vocab, check_tokenizers, first_vocab_difference
+from jaxrl_llm.trainer.teacher import check_gkd_vocab, check_tokenizers, first_vocab_difference, load_teacher
 from test_trainer import small_config
 
 
@@ -78,10 +78,13 @@ def test_gkd_refuses_a_model_with_fewer_logits_than_tokens(tmp_path):
         with pytest.raises(ValueError, match=rf"config.teacher.path T: the tokenizer has 60 tokens but the student "
                                              rf"has {s} logits and the teacher {t}; distill.kind='gkd' needs"):
             check_gkd_vocab(s, t, 60, "T")
-    c = small_config()
-    path = save_teacher(tmp_path / "teacher", c, seed=7, vocab_size=len(load_tokenizer("")) - 1)
-    with pytest.raises(ValueError, match="the tokenizer has .* tokens but the student"):
-        Trainer(small_config("gkd", **{"teacher.path": path}), str(tmp_path / "work"))
+    c, tok = small_config("gkd"), load_tokenizer("")
+    c.teacher.path = save_teacher(tmp_path / "teacher", c, seed=7, vocab_size=len(tok) - 1)
+    c = config_lib.prepare(c)  # the gkd preset sets distill.kind
+    mc = builtin_model_config(c, tok)  # load_teacher refuses before it places anything on a mesh
+    with pytest.raises(ValueError, match=f"the tokenizer has {len(tok)} tokens but the student has {len(tok)} "
+                                         f"logits and the teacher {len(tok) - 1}"):
+        load_teacher(c, tok, mc, None, lambda path: path)
 
 
 @pytest.mark.parametrize("fields, message", [

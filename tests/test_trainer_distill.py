@@ -78,10 +78,13 @@ def test_gkd_refuses_a_model_with_fewer_logits_than_tokens(tmp_path):
         with pytest.raises(ValueError, match=rf"config.teacher.path T: the tokenizer has 60 tokens but the student "
                                              rf"has {s} logits and the teacher {t}; distill.kind='gkd' needs"):
             check_gkd_vocab(s, t, 60, "T")
-    c, tok = small_config("gkd"), load_tokenizer("")
-    c.teacher.path = save_teacher(tmp_path / "teacher", c, seed=7, vocab_size=len(tok) - 1)
+    import json
+    from jaxrl_llm.models.config import config_to_hf_dict
+    c, tok = small_config("gkd", **{"teacher.path": str(tmp_path)}), load_tokenizer("")
     c = config_lib.prepare(c)  # the gkd preset sets distill.kind
-    mc = builtin_model_config(c, tok)  # load_teacher refuses before it places anything on a mesh
+    mc = builtin_model_config(c, tok)  # load_teacher refuses before reading any weights: none written
+    tok.save_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf_dict(mc.replace(vocab_size=len(tok) - 1), "float32")))
     with pytest.raises(ValueError, match=f"the tokenizer has {len(tok)} tokens but the student has {len(tok)} "
                                          f"logits and the teacher {len(tok) - 1}"):
         load_teacher(c, tok, mc, None, lambda path: path)

@@ -9,6 +9,7 @@
     python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
     python benchmarks/memory_plan.py --model qwen2.5-32b --meshes 1x8x1 --lora-rank 16   # LoRA: adapters train
     python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo opd   # distillation
+    python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo gkd   # 151936 vs 152064 logits
 
 How: the script makes as many fake CPU devices as the largest mesh needs (XLA_FLAGS, set here before jax
 starts), builds the run's abstract state (jax.ShapeDtypeStruct with the trainer's shardings: nothing is

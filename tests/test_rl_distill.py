@@ -188,3 +188,28 @@ def test_gkd_loss_equals_trl_generalized_jsd_loss(beta):
     ours = np.asarray(_jsd_from_logits(s, t, beta, 0.9, 16))
     got = ours[labels != -100].mean()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_generalized_jsd_over_the_shared_vocabulary_of_two_output_sizes():
+    """One tokenizer of 60 ids, a student with 64 logits and a teacher with 80 (padded differently), the
+    teacher's 16 extra logits made large so that any of their mass left in would show: with vocab = 64
+    or 60 the divergence is the float64 loop's and TRL's generalized_jsd_loss on the first `vocab`
+    logits, each side renormalised there; a vocab past either size, or none with unequal sizes, refused."""
+    torch = pytest.importorskip("torch")
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    rng = np.random.default_rng(9)
+    s = rng.normal(size=(2, 3, 64)).astype(np.float32) * 2
+    t = rng.normal(size=(2, 3, 80)).astype(np.float32) * 2
+    t[..., 64:] += 6.0
+    eye = lambda v: jnp.eye(v, dtype=jnp.float32)
+    for vocab, beta in [(64, 0.5), (60, 0.0), (60, 1.0)]:
+        got = np.asarray(generalized_jsd(jnp.asarray(s), eye(64), jnp.asarray(t), eye(80), beta=beta,
+                                         temperature=0.7, chunk=16, vocab=vocab))
+        np.testing.assert_allclose(got, jsd_loop(s[..., :vocab], t[..., :vocab], beta, 0.7), rtol=2e-5, atol=2e-6)
+        want = gkd.GKDTrainer.generalized_jsd_loss(torch.tensor(s[..., :vocab]), torch.tensor(t[..., :vocab]),
+                                                   labels=torch.zeros((2, 3), dtype=torch.long), beta=beta,
+                                                   temperature=0.7).item()  # the mean over the 6 labelled tokens
+        np.testing.assert_allclose(got.mean(), want, rtol=1e-5, atol=1e-6)
+    for vocab in (None, 65, 0):
+        with pytest.raises(ValueError, match=f"generalized_jsd: 64 and 80 logits, vocab={vocab}"):
+            generalized_jsd(jnp.asarray(s), eye(64), jnp.asarray(t), eye(80), beta=0.5, vocab=vocab)

@@ -13,7 +13,7 @@ from jaxrl_llm.models.hf import save_hf
 from jaxrl_llm.trainer import Trainer
 from jaxrl_llm.trainer.adapters import base_rng
 from jaxrl_llm.trainer.setup import builtin_model_config
-from jaxrl_llm.trainer.teacher import check_tokenizers, first_vocab_difference
+from jaxrl_llm.trainer.teacher import check_gkd_vocab, check_tokenizers, first_vocab_difference, load_teacher
 from test_trainer import small_config
 
 
@@ -43,13 +43,15 @@ def test_opd_with_the_student_as_its_own_teacher_has_zero_reverse_kl(teachers, t
 
 
 def test_gkd_with_a_wider_teacher_and_the_resume_check(tmp_path):
-    """A teacher of another width and depth: gkd trains on a positive divergence; a resume whose teacher
-    directory now holds other weights is refused."""
-    c, wide = small_config(), dict(hidden_size=48, intermediate_size=96, num_layers=2, head_dim=12)
+    """A teacher of another width, depth and output size (padded past the tokenizer): gkd trains on a
+    positive divergence; a resume whose teacher directory now holds other weights is refused."""
+    vocab = len(load_tokenizer(""))  # the student's output size; the teacher's is padded past it
+    c, wide = small_config(), dict(hidden_size=48, intermediate_size=96, num_layers=2, head_dim=12, vocab_size=vocab + 16)
     path = save_teacher(tmp_path / "teacher", c, seed=7, **wide)
     c = small_config("gkd", total_steps=1, **{"teacher.path": path, "distill.beta": 0.5})
     t = Trainer(c, str(tmp_path / "work"))
     assert t.teacher_mc.hidden_size == 48 and t.teacher_mc.num_layers == 2
+    assert (t.mc.vocab_size, t.teacher_mc.vocab_size) == (vocab, vocab + 16)
     (m,) = t.run()
     assert m["distill/jsd"] > 1e-3 and np.isfinite(m["policy/grad_norm"]) and m["policy/grad_norm"] > 0
     save_teacher(tmp_path / "teacher", c, seed=8, **wide)  # same path and architecture, other weights
@@ -65,6 +67,27 @@ def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
     other = make_tiny_tokenizer(str(tmp_path / "tok"), chat_template=False)
     with pytest.raises(ValueError, match=r"config.teacher.path T: its tokenizer differs from the student's \(id \d+ is"):
         check_tokenizers(load_tokenizer(""), other, "T")
+
+
+def test_gkd_refuses_a_model_with_fewer_logits_than_tokens(tmp_path):
+    """A tokenizer id without a logit in either model: one line (opd, which reads sampled ids only,
+    is not concerned); equal or padded sizes pass."""
+    check_gkd_vocab(64, 80, 60, "T")
+    check_gkd_vocab(60, 60, 60, "T")
+    for s, t in [(64, 59), (59, 80)]:
+        with pytest.raises(ValueError, match=rf"config.teacher.path T: the tokenizer has 60 tokens but the student "
+                                             rf"has {s} logits and the teacher {t}; distill.kind='gkd' needs"):
+            check_gkd_vocab(s, t, 60, "T")
+    import json
+    from jaxrl_llm.models.config import config_to_hf_dict
+    c, tok = small_config("gkd", **{"teacher.path": str(tmp_path)}), load_tokenizer("")
+    c = config_lib.prepare(c)  # the gkd preset sets distill.kind
+    mc = builtin_model_config(c, tok)  # load_teacher refuses before reading any weights: none written
+    tok.save_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf_dict(mc.replace(vocab_size=len(tok) - 1), "float32")))
+    with pytest.raises(ValueError, match=f"the tokenizer has {len(tok)} tokens but the student has {len(tok)} "
+                                         f"logits and the teacher {len(tok) - 1}"):
+        load_teacher(c, tok, mc, None, lambda path: path)
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -96,12 +119,14 @@ def test_demo_steps_to_the_bar_by_hand():
     assert to_bar(rows, bar=0.95) == (0.95, 20, 40.0) and to_bar(rows, bar=1.5)[1:] == (None, None)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, tmp_path_factory):
+@pytest.mark.parametrize("beta, pad_s, pad_t", [(0.0, 0, 0), (0.5, 0, 16), (1.0, 8, 0)])
+def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, pad_s, pad_t, tmp_path_factory):
     """The trainer's gkd path (steps.gkd_divergence: the student's and the teacher's hidden states, each
     model's head, the vocabulary scan) on a fixed batch of a Llama student and a wider Qwen2 teacher
     equals TRL's GKDTrainer.generalized_jsd_loss on the two transformers models' logits of the same
-    [prompt; completion] rows, over the completion tokens of the mask."""
+    [prompt; completion] rows, over the completion tokens of the mask, and a float64 loop. With output
+    sizes padded differently (97 real ids; pad_s/pad_t extra logits, random like the rest, so their mass
+    is large) both are taken on the first min(V_s, V_t) = 97 logits, each distribution renormalised there."""
     torch = pytest.importorskip("torch")
     gkd = pytest.importorskip("trl.experimental.gkd")
     from fixtures_hf import left_padded_batch, make_hf_model
@@ -109,13 +134,15 @@ def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, tmp_path
     from jaxrl_llm.models import load_hf
     from jaxrl_llm.trainer.steps import gkd_divergence
     root = tmp_path_factory.mktemp("gkd_models")
-    hs = make_hf_model(str(root / "s"), "llama", seed=0)
-    ht = make_hf_model(str(root / "t"), "qwen2", seed=1, hidden_size=48, intermediate_size=96, num_attention_heads=4)
+    from test_rl_distill import jsd_loop
+    hs = make_hf_model(str(root / "s"), "llama", seed=0, vocab_size=97 + pad_s)
+    ht = make_hf_model(str(root / "t"), "qwen2", seed=1, hidden_size=48, intermediate_size=96, num_attention_heads=4,
+                       vocab_size=97 + pad_t)
     (smc, sp), (tmc, tp) = load_hf(str(root / "s")), load_hf(str(root / "t"))
     rng = np.random.default_rng(0)
-    prompts, pmask = left_padded_batch(rng, [5, 3], smc.vocab_size)
+    prompts, pmask = left_padded_batch(rng, [5, 3], 97)
     G, T = 2, 4
-    tokens = rng.integers(3, smc.vocab_size, size=(4, T)).astype(np.int32)
+    tokens = rng.integers(3, 97, size=(4, T)).astype(np.int32)
     mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]], np.int32)
     b = {"prompt_tokens": prompts, "prompt_mask": pmask, "tokens": tokens, "mask": mask}
     o = rl.Objective(group_size=G, estimator="none", distill="gkd", distill_beta=beta, distill_chunk=16)
@@ -129,12 +156,15 @@ def test_gkd_through_the_models_equals_trl_on_transformers_logits(beta, tmp_path
         c = tokens[n][mask[n] > 0]
         ids = torch.tensor(np.concatenate([p, c])[None].astype(np.int64))
         with torch.no_grad():
-            s_rows.append(hs(ids).logits[0, len(p) - 1:len(p) - 1 + len(c)])
-            t_rows.append(ht(ids).logits[0, len(p) - 1:len(p) - 1 + len(c)])
+            s_rows.append(hs(ids).logits[0, len(p) - 1:len(p) - 1 + len(c), :97])
+            t_rows.append(ht(ids).logits[0, len(p) - 1:len(p) - 1 + len(c), :97])
         labels.append(torch.tensor(c.astype(np.int64)))
-    want = gkd.GKDTrainer.generalized_jsd_loss(torch.cat(s_rows)[None], torch.cat(t_rows)[None],
-                                               labels=torch.cat(labels)[None], beta=beta, temperature=0.8).item()
+    s_logits, t_logits = torch.cat(s_rows)[None], torch.cat(t_rows)[None]
+    want = gkd.GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=torch.cat(labels)[None], beta=beta,
+                                               temperature=0.8).item()
     np.testing.assert_allclose(ours, want, rtol=2e-4, atol=1e-6)
+    loop = jsd_loop(s_logits.numpy().astype(np.float64), t_logits.numpy().astype(np.float64), beta, 0.8).mean()
+    np.testing.assert_allclose(ours, loop, rtol=2e-4, atol=1e-6)
 
 
 def test_multiturn_teacher_reads_the_observations_as_context(tmp_path):

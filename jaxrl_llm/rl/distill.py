@@ -11,7 +11,8 @@ Two kinds, in `DISTILL_KINDS` (the values `distill.kind` takes; docs/algorithms/
        KL(teacher‖student), β = 1 the reverse KL(student‖teacher), in between
        β·KL(T‖M) + (1−β)·KL(S‖M) with M = (1−β)·S + β·T (TRL's `generalized_jsd_loss` convention).
        Computed from the two models' hidden states and output projections in vocabulary chunks, so the
-       largest array is (n, T, chunk): memory O(T·chunk), never O(T·V).
+       largest array is (n, T, chunk): memory O(T·chunk), never O(T·V). Models of one tokenizer but
+       differently padded output sizes compare their first `vocab` logits (trainer/teacher.py).
 
 Shapes: n rows, T tokens, D/Dt hidden sizes, V vocabulary.
 """
@@ -51,9 +52,10 @@ def opd_advantages(student_logp, teacher_logp, mask, gamma: float = 0.0):
     return jnp.where(mask > 0, out[::-1].T, 0.0)
 
 
-def _chunked_head(w, chunk: int):
-    """(D,V) -> (k, D, c) columns in k chunks of c ≤ chunk, zero-padded, and (k, c) validity."""
-    d, v = w.shape
+def _chunked_head(w, chunk: int, v: int):
+    """(D,V) -> its first v ≤ V columns as (k, D, c) in k chunks of c ≤ chunk, zero-padded, and (k, c)
+    validity. The slice fuses into the pad/transpose copy the chunking makes anyway: no extra copy."""
+    w, d = w[:, :v], w.shape[0]
     k = -(-v // max(1, min(chunk, v)))
     c = -(-v // k)
     wp = jnp.pad(w, ((0, 0), (0, k * c - v)))
@@ -81,20 +83,26 @@ def _jsd_terms(ls, lt, beta: float):
 
 
 def generalized_jsd(h_student, w_student, h_teacher, w_teacher, *, beta: float, temperature: float = 1.0,
-                    chunk: int = 4096, dtype=jnp.float32, teacher_dtype=None):
+                    chunk: int = 4096, dtype=jnp.float32, teacher_dtype=None, vocab: int | None = None):
     """(n,T) float32 generalized JSD per position between softmax(h_s·W_s/τ) and softmax(h_t·W_t/τ).
 
-    h_student (n,T,D), w_student (D,V); h_teacher (n,T,Dt), w_teacher (Dt,V): the same V. Two scans over
+    h_student (n,T,D), w_student (D,Vs); h_teacher (n,T,Dt), w_teacher (Dt,Vt). vocab None: Vs = Vt = V,
+    the whole distributions. vocab ≤ Vs, Vt: both distributions restricted to the first `vocab` ids and
+    renormalised there (log_softmax of the sliced logits / τ): the shared vocabulary of two models of one
+    tokenizer whose output sizes are padded differently; the logits past it are ignored. Two scans over
     vocabulary chunks, each body rematerialised in the backward pass: first each model's log-partition
     (online log-sum-exp), then the sum of the divergence's terms. Gradients flow to the student's inputs;
     the teacher's are stopped. Masking and aggregation are the caller's.
     """
-    if w_student.shape[1] != w_teacher.shape[1]:
-        raise ValueError(f"generalized_jsd: vocabularies differ ({w_student.shape[1]} vs {w_teacher.shape[1]})")
+    vs, vt = w_student.shape[1], w_teacher.shape[1]
+    if (vs != vt) if vocab is None else not 1 <= vocab <= min(vs, vt):
+        raise ValueError(f"generalized_jsd: {vs} and {vt} logits, vocab={vocab} (expected equal sizes, or a "
+                         f"vocab of at most both)")
+    vocab = vs if vocab is None else vocab
     h_teacher, w_teacher = lax.stop_gradient(h_teacher), lax.stop_gradient(w_teacher)
     tdt = dtype if teacher_dtype is None else teacher_dtype
-    ws, valid = _chunked_head(w_student, chunk)
-    wt, _ = _chunked_head(w_teacher, chunk)
+    ws, valid = _chunked_head(w_student, chunk, vocab)
+    wt, _ = _chunked_head(w_teacher, chunk, vocab)
     temperature = jnp.asarray(temperature, jnp.float32)
     init = jnp.full(h_student.shape[:2], -jnp.inf, jnp.float32)
 

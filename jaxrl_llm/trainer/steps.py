@@ -34,6 +34,7 @@ from jaxrl_llm.models.packing import (completion_extent, pack_layout, packed_hid
 from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
+from jaxrl_llm.trainer.teacher import shared_vocab
 
 # combined by min/max, not summed; the last only with a MoE router loss
 _EXTREMES = ("policy/ratio_min", "policy/ratio_max", "logp_diff_max", "moe/expert_load_max")
@@ -108,14 +109,16 @@ def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False)
 def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, policy, teacher, b, temperature,
                    dropout_rng=None, pack=None, pack_length=0, router_stats=False):
     """(log-probs (n,T), entropies (n,T), generalized JSD (n,T) [, MoE router sums]) of the student `policy`
-    on the batch's completions, the divergence to the teacher over the whole vocabulary in chunks (rl/distill.py). With a
+    on the batch's completions, the divergence to the teacher over the shared vocabulary in chunks
+    (rl/distill.py; trainer/teacher.shared_vocab: the first min(V_s, V_t) ids). With a
     packing plan both models read the same packed rows (models/packing.py) and the three are unpacked to
     the completion layout: equal on every real completion token, 0 elsewhere (no router sums: validation
     refuses a router loss with packing)."""
     jsd = lambda h, th: generalized_jsd(h, lm_head_weight(mc, policy), jax.lax.stop_gradient(th),
                                         lm_head_weight(tmc, teacher), beta=objective.distill_beta,
                                         temperature=temperature, chunk=objective.distill_chunk,
-                                        dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype))
+                                        dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype),
+                                        vocab=shared_vocab(mc, tmc))
     if pack is not None:
         packed, source, valid = pack_layout(b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                                             pack_length, prompt_routes=b.get("prompt_routes"), routes=b.get("routes"))

@@ -3,6 +3,8 @@ on the training mesh, loaded like the policy from an HF directory or hub name wi
 the LoRA base it lives outside the train state (never donated, updated or checkpointed); its identity
 (a hash of its config and arrays) is recorded with each checkpoint and a resume with another teacher is
 refused. Its tokenizer must be the student's: the teacher reads the very token ids the student sampled.
+Output sizes may differ (embeddings padded to other multiples): gkd compares the shared first
+min(V_s, V_t) ids, provided every tokenizer id is below both (shared_vocab, check_gkd_vocab).
 """
 from __future__ import annotations
 
@@ -42,6 +44,24 @@ def check_tokenizers(student, teacher, where: str) -> None:
                          "teacher must read the student's token ids (same vocabulary)")
 
 
+def shared_vocab(mc: ModelConfig, tmc: ModelConfig) -> int:
+    """The ids gkd compares: the first min(V_s, V_t). Both models have the same tokenizer, whose ids are
+    all below both sizes (check_gkd_vocab); the ids past it are padding rows of the embedding (sizes are
+    rounded up for the hardware) that no text maps to. Equal sizes: the whole distributions, as before
+    and as TRL's GKD; else the smaller model's whole distribution against the larger one's renormalised
+    over the same ids (its padding logits dropped), so only padding is ever left out."""
+    return min(mc.vocab_size, tmc.vocab_size)
+
+
+def check_gkd_vocab(student_size: int, teacher_size: int, tokenizer_len: int, where: str) -> None:
+    """A one-line refusal when a tokenizer id has no logit in one of the models (gkd compares the two
+    distributions over every real token)."""
+    if tokenizer_len > min(student_size, teacher_size):
+        raise ValueError(f"config.teacher.path {where}: the tokenizer has {tokenizer_len} tokens but the student "
+                         f"has {student_size} logits and the teacher {teacher_size}; distill.kind='gkd' needs a "
+                         "logit for every token in both (use opd)")
+
+
 def load_teacher(c: ml_collections.ConfigDict, tokenizer, mc: ModelConfig, mesh, resolve):
     """(teacher ModelConfig, its parameters on the mesh, its identity). `resolve` turns a hub name into a
     local directory (trainer/setup.py). Execution fields (attention, remat, chunks) follow the policy's."""
@@ -51,9 +71,8 @@ def load_teacher(c: ml_collections.ConfigDict, tokenizer, mc: ModelConfig, mesh,
                   attention_block=c.model.attention_block)
     tmc = read_hf_config(path, param_dtype=dtype, dtype=c.model.compute_dtype, **fields)
     check_tokenizers(tokenizer, load_tokenizer(path), c.teacher.path)
-    if c.distill.kind == "gkd" and tmc.vocab_size != mc.vocab_size:
-        raise ValueError(f"config.teacher.path {c.teacher.path}: its output has {tmc.vocab_size} logits, the "
-                         f"student's {mc.vocab_size}; distill.kind='gkd' compares whole distributions (use opd)")
+    if c.distill.kind == "gkd":
+        check_gkd_vocab(mc.vocab_size, tmc.vocab_size, len(tokenizer), c.teacher.path)
     abstract = jax.eval_shape(lambda: init_params(tmc, jax.random.PRNGKey(0)))
     shardings = sharding.logical_to_sharding(param_logical_axes(tmc), abstract, mesh, name="teacher")
     _, params = load_hf(path, jnp.dtype(dtype), compute_dtype=c.model.compute_dtype, shardings=shardings, **fields)

@@ -88,6 +88,11 @@ def test_gkd_refuses_a_model_with_fewer_logits_than_tokens(tmp_path):
     with pytest.raises(ValueError, match=f"the tokenizer has {len(tok)} tokens but the student has {len(tok)} "
                                          f"logits and the teacher {len(tok) - 1}"):
         load_teacher(c, tok, mc, None, lambda path: path)
+    # opd reads the sampled ids only, but any id the student can sample needs a teacher row
+    c = config_lib.prepare(small_config("opd", **{"teacher.path": str(tmp_path)}))
+    with pytest.raises(ValueError, match=f"the student has {len(tok)} logits and the teacher {len(tok) - 1}; the "
+                                         "student could sample an id the teacher has no row for"):
+        load_teacher(c, tok, mc, None, lambda path: path)
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -73,6 +73,10 @@ def load_teacher(c: ml_collections.ConfigDict, tokenizer, mc: ModelConfig, mesh,
     check_tokenizers(tokenizer, load_tokenizer(path), c.teacher.path)
     if c.distill.kind == "gkd":
         check_gkd_vocab(mc.vocab_size, tmc.vocab_size, len(tokenizer), c.teacher.path)
+    if mc.vocab_size > tmc.vocab_size:  # a sampled id past the teacher's rows would read no embedding (NaN)
+        raise ValueError(f"config.teacher.path {c.teacher.path}: the student has {mc.vocab_size} logits and the teacher "
+                         f"{tmc.vocab_size}; the student could sample an id the teacher has no row for: use a teacher "
+                         "with at least as many")
     abstract = jax.eval_shape(lambda: init_params(tmc, jax.random.PRNGKey(0)))
     shardings = sharding.logical_to_sharding(param_logical_axes(tmc), abstract, mesh, name="teacher")
     _, params = load_hf(path, jnp.dtype(dtype), compute_dtype=c.model.compute_dtype, shardings=shardings, **fields)

@@ -34,7 +34,8 @@ from harness.peers import hf_generate, hf_with_threads  # noqa: E402
 from harness.report import load_average, machine_description, markdown_table, save_json, update_markdown  # noqa: E402
 from harness.sampling import full_length, jax_generate, logp_gap  # noqa: E402
 from harness.shapes import SIZES, ModelSize, build_models  # noqa: E402
-from harness.timing import matmul_peak_flops, peak_rss_gib, time_interleaved, wait_for_idle  # noqa: E402
+from harness.memory import peak_rss_gib  # noqa: E402
+from harness.timing import matmul_peak_flops, time_interleaved, wait_for_idle  # noqa: E402
 
 from jaxrl_llm.models.lm import logits_from_hidden, prefill  # noqa: E402
 

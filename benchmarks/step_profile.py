@@ -24,19 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-GIB = 2 ** 30
-
-
-def rss() -> tuple[float, float]:
-    """(current, peak since the last reset) resident set, GiB."""
-    with open("/proc/self/status") as f:
-        kv = dict(line.split(":", 1) for line in f)
-    return int(kv["VmRSS"].split()[0]) / 2 ** 20, int(kv["VmHWM"].split()[0]) / 2 ** 20
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+from harness.memory import GIB, reset_peak, rss_gib as rss  # noqa: E402
 
 
 def mem_line(name: str, compiled) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import statistics
 import time
 from typing import Any, Callable
@@ -120,6 +119,3 @@ def once(fn: Callable[[], Any], sync: Callable[[Any], Any] = block) -> tuple[flo
     return time.perf_counter() - t0, out
 
 
-def peak_rss_gib() -> float:
-    """This process's peak resident memory so far, GiB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20

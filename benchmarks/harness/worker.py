@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 import types
 
 from harness.grpo import even_words
+from harness.memory import peak_rss_gib
 from harness.peers import emit, wait_for_go
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory, GiB (`timing.peak_rss_gib` without importing jax)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 # ------------------------------------------------------------------------------------------------ TRL

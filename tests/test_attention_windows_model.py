@@ -11,7 +11,7 @@ import pytest
 
 from jaxrl_llm.models import completion_hidden, init_params, kernels
 from jaxrl_llm.models.config import config_from_hf_dict
-from tests.fixtures_families import FAMILIES, TINY
+from fixtures_families import FAMILIES, TINY
 
 
 def _batch():

@@ -163,3 +163,16 @@ def test_no_private_names_imported_across_modules():
     modules = jaxrl_modules()
     bad = {m: module_imports(path, modules)[1] for m, path in modules.items()}
     assert not any(bad.values()), {m: names for m, names in bad.items() if names}
+
+
+def test_tests_import_their_helpers_by_module_name():
+    """`pytest tests` puts tests/ on sys.path, not the repository root: a test importing `tests.fixtures_x`
+    passes with PYTHONPATH=. and fails on a fresh clone (it did, once, in CI)."""
+    bad = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(ROOT, "tests", name), encoding="utf-8").read())
+            bad += [f"{name}:{n.lineno}" for n in ast.walk(tree)
+                    if (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "tests")
+                    or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "tests" for a in n.names))]
+    assert not bad, f"import the helper as `from fixtures_x import ...`: {bad}"

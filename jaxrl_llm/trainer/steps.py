@@ -62,21 +62,25 @@ def attended(b):
     return b.get("attention_mask", b["mask"])
 
 
+def _layers_first(routes):
+    """MoE routing replay: a batch's routes (rows, tokens, L, k) as the Decoder takes them, (L, rows, tokens, k);
+    None (no routes: a dense model, or replay off) stays None."""
+    return None if routes is None else routes.transpose(2, 0, 1, 3)
+
+
 def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=None, pack_length=0,
             dropout_rng=None, router_stats=False):
     """Log-probs (N,T) [and entropies] of the batch's completions under `params`; through packed rows
     when a packing plan is given (models/packing.py: equal on real tokens, 0 on padding).
     dropout_rng: a key for LoRA dropout (the update only). router_stats: MoE, also the router's per-layer
     sums over the attended completion tokens (models/moe.py; unpacked only), last in the tuple."""
-    replay = "routes" in b  # MoE routing replay: the sampler's experts, (rows, tokens, L, k)
     if pack is not None:
         return packed_logprobs(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                                pack_length, temperature, with_entropy=with_entropy, dropout_rng=dropout_rng,
                                prompt_routes=b.get("prompt_routes"), routes=b.get("routes"))
-    layers_first = lambda r: r.transpose(2, 0, 1, 3) if replay else None
     hidden = completion_hidden(mc, params, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
-                               dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
-                               routes=layers_first(b.get("routes")), router_stats=router_stats)
+                               dropout_rng, prompt_routes=_layers_first(b.get("prompt_routes")),
+                               routes=_layers_first(b.get("routes")), router_stats=router_stats)
     hidden, stats = hidden if router_stats else (hidden, None)
     out = logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
     return (*out, stats) if router_stats else out
@@ -129,10 +133,9 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
         div = jsd(hidden, packed_hidden(tmc, teacher, packed))
         T = b["tokens"].shape[1]
         return tuple(unpack(x, source, valid, T) for x in (logp, ent, div))
-    layers_first = lambda r: None if r is None else r.transpose(2, 0, 1, 3)  # MoE student: the sampler's routes
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
-                               dropout_rng, prompt_routes=layers_first(b.get("prompt_routes")),
-                               routes=layers_first(b.get("routes")), router_stats=router_stats)
+                               dropout_rng, prompt_routes=_layers_first(b.get("prompt_routes")),
+                               routes=_layers_first(b.get("routes")), router_stats=router_stats)
     hidden, stats = hidden if router_stats else (hidden, None)
     logp, ent = logprobs_from_hidden(mc, policy, hidden, b["tokens"], temperature, with_entropy=True)
     t_hidden = completion_hidden(tmc, teacher, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b))

@@ -143,7 +143,7 @@ def test_math_verify_time_limit_is_hard():
     # Our judge cannot read `\log_2 8`, so math-verify evaluates the tower: the worker is killed.
     verdict = judge(r"\boxed{9^{9^{9^{9}}}}", r"\log_2 8", timeout=0.5)
     assert (verdict.score, verdict.second) == (0.0, 0.0)
-    assert 0.5 <= time.perf_counter() - start < 1.5
+    assert 0.5 <= time.perf_counter() - start < 0.5 + 3.0  # the kill, not the tower (minutes); slack for a loaded host
     assert math_worker.WORKER._proc is None  # killed, and restarted on demand:
     assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0
 

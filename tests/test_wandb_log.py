@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 import pytest
 
@@ -19,6 +20,8 @@ def wandb_records(path: str, block: int = 32768):
     (type 1 whole, 2 first, 3 middle, 4 last)."""
     from wandb.proto import wandb_internal_pb2
     data = open(path, "rb").read()
+    if not data:  # not written yet
+        return
     assert data[:4] == b":W&B"
     pos, buf = 7, b""
     while pos + 7 <= len(data):
@@ -37,9 +40,21 @@ def wandb_records(path: str, block: int = 32768):
             yield record
 
 
+def complete_records(run_file: str, timeout_s: float = 120.0) -> list:
+    """The run file's records once it holds the run's `exit` record. `run.finish()` can return before the
+    wandb service has flushed its buffered writer (seen on a loaded CI host: a file with the header only),
+    so a reader waits for the record that closes the run instead of reading whatever is on disk."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = list(wandb_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def history(run_file: str) -> list[dict]:
     rows = []
-    for r in wandb_records(run_file):
+    for r in complete_records(run_file):
         if r.WhichOneof("record_type") == "history":
             rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item})
     return rows

@@ -69,7 +69,7 @@ def _check_config_overrides(argv) -> None:
     if not overrides:
         return
     from jaxrl_llm.config import base_config  # every config file builds on it; check_fields holds them to it
-    from jaxrl_llm.validation import unknown_field
+    from jaxrl_llm.field_names import unknown_field
     schema = base_config()
     for arg in overrides:
         problem = unknown_field(arg[len("--config."):].split("=", 1)[0], schema)

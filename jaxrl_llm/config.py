@@ -22,7 +22,8 @@ from ml_collections.config_dict import placeholder
 
 from jaxrl_llm.data.config import default_data_config
 from jaxrl_llm.presets import ALGOS, PRESETS, preset_defaults
-from jaxrl_llm.validation import FREE_FORM, check_fields, get_path, reward_specs, suggest_fields, validate
+from jaxrl_llm.field_names import FREE_FORM, check_fields, suggest_fields
+from jaxrl_llm.validation import get_path, reward_specs, validate
 
 __all__ = ["ALGOS", "PRESETS", "base_config", "from_dict", "prepare", "resolve", "reward_specs", "validate"]
 

@@ -1,14 +1,12 @@
-"""The one validation pass over a run config: fields not in the schema (with the nearest names), then
+"""The one validation pass over a run config: fields not in the schema (jaxrl_llm/field_names.py), then
 every value, each with a one-line ValueError naming the field. `jaxrl_llm.config.prepare` runs it before
 anything is loaded or compiled. The allowed values of the algorithm's choices are the keys of the
 registries in `jaxrl_llm.rl`.
 """
 from __future__ import annotations
 
-import difflib
 import math
 import os
-from collections.abc import Mapping
 
 import ml_collections
 
@@ -16,9 +14,7 @@ from jaxrl_llm import rl
 from jaxrl_llm.data.config import validate_data_config
 from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
-from jaxrl_llm.trl_names import trl_hint
 
-FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
 # holds the two equal). Whether the backend has the kernel is checked at setup (trainer/setup.py).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -311,63 +307,6 @@ def _validate_io(c) -> None:
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
     _check(c, "reward.self_test", lambda v: v in ("warn", "error", "off"), "warn, error or off")
     _check(c, "reward.completion_format", lambda v: v in ("auto", "text", "messages"), "auto, text or messages")
-
-
-def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:
-    """Rejects any field of `c` that is not in `schema` (`base_config()`): a typo in a config file or dict
-    would otherwise be kept silently while the run used the default. Names the nearest fields."""
-    for key in c.keys():
-        path = prefix + key
-        if path in FREE_FORM:
-            continue
-        if key not in schema:
-            raise ValueError(f"config.{path} is not a config field{suggest_fields(key, schema, prefix)}")
-        sub, want = c[key], schema[key]
-        if isinstance(want, ml_collections.ConfigDict):
-            if not isinstance(sub, (ml_collections.ConfigDict, Mapping)):
-                raise ValueError(f"config.{path} is a section of fields, got {sub!r}")
-            check_fields(sub if isinstance(sub, ml_collections.ConfigDict) else ml_collections.ConfigDict(sub),
-                         want, path + ".")
-        elif isinstance(sub, ml_collections.ConfigDict):
-            raise ValueError(f"config.{path} is a field, not a section")
-
-
-def suggest_fields(key: str, schema: ml_collections.ConfigDict, prefix: str) -> str:
-    trl = trl_hint(key)  # a TRL name first: difflib's nearest spelling is rarely the field meant
-    if trl:
-        return trl
-    close = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.6)
-    if not close:
-        return f" (fields of config{'.' + prefix[:-1] if prefix else ''}: {', '.join(sorted(schema.keys()))})"
-    return "; did you mean " + " or ".join(f"{prefix}{k}" for k in close) + "?"
-
-
-def unknown_field(path: str, schema: ml_collections.ConfigDict) -> str | None:
-    """Why the dotted `path` of a command-line override is not a field of `schema`, in words naming
-    the nearest fields (or the section's), or None when it is one (or lies in a free-form section)."""
-    node, prefix = schema, ""
-    parts = path.split(".")
-    for i, key in enumerate(parts):
-        if (prefix + key) in FREE_FORM:
-            return None
-        last = i == len(parts) - 1
-        if key not in node and last and trl_hint(key):
-            return f"unknown config field '{prefix}{key}'{trl_hint(key)}"
-        if key not in node:
-            names = [k for k in node.keys() if last or isinstance(node[k], ml_collections.ConfigDict)]
-            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
-            if close:
-                hint = "; did you mean " + " or ".join(f"'{prefix}{k}'" for k in close) + "?"
-            else:
-                where = f"fields of {prefix[:-1]}" if prefix else ("top-level fields" if last else "sections")
-                hint = f" ({'no such section; ' if not last else ''}{where}: {', '.join(sorted(names))})"
-            return f"unknown config field '{prefix}{key}'{hint}"
-        if not last and not isinstance(node[key], ml_collections.ConfigDict):
-            return f"config field '{prefix}{key}' is a value, not a section: no field '{path}'"
-        node, prefix = node[key], prefix + key + "."
-    if isinstance(node, ml_collections.ConfigDict) and path not in FREE_FORM:
-        return f"'{path}' is a section, not a field (its fields: {', '.join(sorted(node.keys()))})"
-    return None
 
 
 def _validate_env(c) -> None:

@@ -92,7 +92,7 @@ def test_a_typo_inside_a_config_file_fails_the_cli_before_anything_loads(tmp_pat
     ("rollout", "'rollout' is a section, not a field (its fields: batch_prompts,"),
 ])
 def test_unknown_override_paths_name_the_field_and_the_nearest_ones(path, message):
-    from jaxrl_llm.validation import unknown_field
+    from jaxrl_llm.field_names import unknown_field
     got = unknown_field(path, config_lib.base_config())
     assert got == message if message is None else got.startswith(message), got
 

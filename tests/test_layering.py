@@ -21,9 +21,10 @@ FORBIDDEN = {
     "sampling": {"rl", "rewards", "data", "trainer", "config"},
     "config": {"trainer", "models", "rewards", "sampling"},
     "validation": {"trainer", "models", "rewards", "sampling", "config"},
+    "field_names": {"trainer", "models", "rewards", "sampling", "config", "validation", "rl", "data", "envs"},
     "presets": {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "validation"},
 }
-for _unit in ("rl", "models", "data", "rewards", "sampling", "config", "validation", "presets"):
+for _unit in ("rl", "models", "data", "rewards", "sampling", "config", "validation", "field_names", "presets"):
     FORBIDDEN[_unit].add("evaluate")  # evaluation sits above the algorithm packages, beside the trainer
 FORBIDDEN["envs"] = {"trainer", "sampling", "evaluate", "rl", "models", "config", "validation", "presets", "train",
                      "export", "cli"}  # host-side episodes: data, rewards (the code sandbox), infrastructure

@@ -10,7 +10,8 @@ import pytest
 from jaxrl_llm import config as config_lib
 from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trl_names import TRL_FIELDS
-from jaxrl_llm.validation import get_path, unknown_field
+from jaxrl_llm.field_names import unknown_field
+from jaxrl_llm.validation import get_path
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_docs_trl import cited_fields  # noqa: E402

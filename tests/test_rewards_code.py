@@ -318,7 +318,7 @@ def test_limits_statuses_and_cleanup(tmp_path, monkeypatch):
     result = run_sandboxed(code, ["assert add(1, 1) == 2", "assert add(2, 2) == 4"], timeout=1)
     assert result.status == "timeout" and result.reason == "wall-clock limit of 1 s exceeded: killed by the judge"
     assert (result.passed, result.total, result.score) == (1, 2, 0.5)  # the case answered in time counts
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 10  # killed at 1 s, not left to run; slack for a loaded host
     spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
     result = run_sandboxed(spin, ["assert f() == 1"], timeout=10, cpu_time=1)  # killed at the hard limit, 2 s
     assert result.status == "cpu_limit" and "SIGKILL" in result.reason

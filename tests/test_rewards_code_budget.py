@@ -40,10 +40,10 @@ def test_sets_and_dicts_decode_without_worst_case_hashing():
                 {"frozenset": [[k * p] for k in range(1, 200)]}]:  # fmt: skip
         with pytest.raises((ValueError, TypeError)):
             values.decode(bad)
-    start = time.monotonic()
+    start = time.process_time()  # CPU time of this process: a loaded host does not fail the test
     with pytest.raises(ValueError, match="too many equal hashes"):
         values.decode({"set": [k * p for k in range(1, 200_000)]})
-    assert time.monotonic() - start < 5  # quadratic: hours
+    assert time.process_time() - start < 5  # quadratic: hours
 
 
 def test_the_budget_is_checked_before_parsing():
@@ -107,7 +107,7 @@ def test_the_checker_process_has_limits_of_its_own():
     start = time.monotonic()
     result = run_sandboxed(add, ["assert add(1, 2) == 3 and add(0, 0) == 0", "while True:\n    pass"], timeout=2)
     assert result.status == "timeout" and (result.passed, result.total) == (1, 2), result
-    assert time.monotonic() - start < 2 + 3
+    assert time.monotonic() - start < 2 + 10  # the 2 s limit, not the endless loop; slack for a loaded host
     # Test code that allocates past the checker's RLIMIT_AS fails that case only.
     result = run_sandboxed(add, ["x = add(1, 2)\nassert x == 3", "assert len(bytearray(4 << 30)) > 0"], timeout=5)
     assert (result.passed, result.total) == (1, 2) and "MemoryError" in result.reason, result

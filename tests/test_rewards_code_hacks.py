@@ -202,7 +202,7 @@ def test_malformed_replies_fail_the_case_without_hurting_the_judge(payload, back
     code = f"import os, sys\ndef add(a, b):\n    os.write(int(sys.argv[2]), {PROTOCOL_PAYLOADS[payload]})\n    return None"
     start = time.monotonic()
     result = judge(code, parse_tests(["assert add(1, 2) == 3"]), backend=backend, timeout=10, memory_mb=256)
-    assert result.score == 0.0 and time.monotonic() - start < 5, result
+    assert result.score == 0.0 and time.monotonic() - start < 8, result  # before the 10 s limit
 
 
 def test_deep_recursion_crashes_only_the_sandbox(backend):

@@ -208,7 +208,7 @@ def test_sleeping_child_past_the_timeout_is_killed():
             threading.Thread(target=time.sleep, args=(60,)).start()  # a thread holds it then
         time.sleep(60)
     """, timeout=1)
-    assert result.status == "timeout" and time.monotonic() - start < 5
+    assert result.status == "timeout" and time.monotonic() - start < 15  # not the 60 s the holders sleep
     assert runner_processes() == []
 
 
@@ -266,7 +266,7 @@ def test_output_flood_and_memory_bomb_are_bounded():
     assert result.status == "output_limit" and len(result.stdout) <= 4096
     start = time.monotonic()
     result = run_sandboxed("def add(a, b):\n    return len(bytearray(10 * 1024**3))", ADD_TESTS, timeout=5)
-    assert result.status == "memory" and result.score == 0.0 and time.monotonic() - start < 5
+    assert result.status == "memory" and result.score == 0.0 and time.monotonic() - start < 5 + 10  # slack for a loaded host
 
 
 # ----------------------------------------------------------------------------- the fallback layers

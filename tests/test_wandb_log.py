@@ -30,7 +30,7 @@ def wandb_records(path: str, block: int = 32768):
             pos += left
             continue
         _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if kind == 0:
+        if kind == 0 or pos + 7 + n > len(data):  # the end, or a record still being written
             break
         chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
         buf = chunk if kind in (1, 2) else buf + chunk
@@ -42,8 +42,8 @@ def wandb_records(path: str, block: int = 32768):
 
 def complete_records(run_file: str, timeout_s: float = 120.0) -> list:
     """The run file's records once it holds the run's `exit` record. `run.finish()` can return before the
-    wandb service has flushed its buffered writer (seen on a loaded CI host: a file with the header only),
-    so a reader waits for the record that closes the run instead of reading whatever is on disk."""
+    wandb service has flushed its buffered writer (seen on a loaded CI host: a run file without its history
+    records), so a reader waits for the record that closes the run instead of reading whatever is on disk."""
     deadline = time.monotonic() + timeout_s
     while True:
         records = list(wandb_records(run_file))

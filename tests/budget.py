@@ -13,7 +13,8 @@ machine, the install included. Three rules keep the suite inside it by construct
    OVERLOADED_PER_CORE (the 1-minute load average per core, at the end of the test) an over-budget test
    is listed at the end of the run instead of failing: the rule does not flake on a loaded machine, and
    CI (two workers on two cores) enforces it. Every unmarked test of the last CI run took under a minute
-   of wall time there; the budget is half as much again, so a slower machine does not reach it either.
+   of wall time there; the budget is half as much again, so a compilation-cache miss (which worker
+   compiled a program first varies between runs) does not reach it either.
 2. `@pytest.mark.slow` is for the few end-to-end runs (one learning bar per capability, a CLI run in
    subprocesses); at most MAX_SLOW of them may exist (test functions, a parametrized one counted once:
    a count, exact, checked at collection). The files that hold them start first (`--dist loadfile

@@ -1,21 +1,18 @@
-"""The test run's JAX compilation cache (off unless asked for), its schedule and its time budget.
+"""The test run's shared JAX compilation cache, its schedule and its time budget.
 
-Compilation cache: off by default. Programs of identical shapes recur across a run (each `Trainer`,
-sampler or evaluator jits its own functions), and JAX's persistent cache turns a repeated compilation
-into a disk read: about a fifth less time for the compile-heavy files. But it serializes every CPU
-executable and loads executables that other processes wrote, a path that has crashed a run: a worker
-died of a segmentation fault inside a cache write (tests/test_sampling_slots.py's fixture). A CI run
-(cache on) later lost a worker to a segmentation fault whose stack was not kept, and pytest-xdist
-(3.8) then waited forever for the dead worker's files. A fifth of the time is not worth that risk.
-Set JAXRL_TEST_COMPILATION_CACHE=1 for a faster local run with one cache shared by the workers and the
-subprocesses that tests start (the CLI, the mesh workers; through JAX's own environment variables, and
-the cache key holds XLA_FLAGS, so fake-device programs never collide); it is made by the controlling
-process and removed at the end.
+Compilation cache: programs of identical shapes recur across a run: each `Trainer`, sampler or evaluator
+jits its own functions (the in-memory cache of one `jax.jit` object does not help the next object), and
+the two workers compile the same tiny models. With one persistent cache per run, the second compilation
+of a program is a disk read. The directory is made by the controlling process (before the workers
+start, which inherit its environment) and removed at the end of the run, so no run reads another's
+entries. The subprocesses that tests start (the CLI, the mesh workers) get it too, through JAX's own
+environment variables (the cache key holds XLA_FLAGS, so fake-device programs never collide with this
+process's). Set JAXRL_TEST_NO_COMPILATION_CACHE=1 to run without it (e.g. to compare timings).
 
 Schedule and budget: tests/budget.py (the `slow` marker, slow files first, the per-test CPU budget and
-the run's wall-clock line against the CI budget). pytest.ini ends a run at the first dead worker
-(`--max-worker-restart=0`) and a test hung past `faulthandler_timeout` with its traceback, so that no
-crash or hang turns into a run that never ends.
+the run's wall-clock line against the CI budget). Memory mappings: tests/mappings.py keeps a worker under
+the kernel's limit (at the limit XLA's compiler dies of a segmentation fault). pytest.ini ends a run at
+the first dead worker and at a test hung for 20 minutes, so that no crash becomes a run that never ends.
 """
 import os
 import shutil
@@ -23,6 +20,7 @@ import tempfile
 
 import jax
 
+import mappings
 from budget import (pytest_collection_modifyitems, pytest_runtest_logreport,  # noqa: F401  (hooks)
                     pytest_runtest_makereport, pytest_runtest_setup, pytest_terminal_summary)
 
@@ -30,9 +28,10 @@ _DIR_VAR = "JAXRL_TEST_COMPILATION_CACHE_DIR"
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(mappings, "jaxrl_llm_mappings")
     config.addinivalue_line("markers", "slow: an end-to-end run (a learning bar, a CLI in subprocesses) allowed "
                                        "past the per-test CPU budget; tests/budget.py caps how many there are")
-    if not os.environ.get("JAXRL_TEST_COMPILATION_CACHE"):
+    if os.environ.get("JAXRL_TEST_NO_COMPILATION_CACHE"):
         return
     if not hasattr(config, "workerinput") and _DIR_VAR not in os.environ:  # the controller, or a run with -n 0
         os.environ[_DIR_VAR] = tempfile.mkdtemp(prefix="jaxrl_llm_test_jax_cache_")

@@ -1,10 +1,9 @@
 """Helpers of the reliability tests: the training/export CLIs as subprocesses, and reward functions that
 break their contract (addressable as `fixtures_reliability:<name>` with tests/ on PYTHONPATH).
 
-With JAXRL_TEST_COMPILATION_CACHE=1 (off by default: tests/conftest.py says why), every CLI run gets
-`JAX_COMPILATION_CACHE_DIR` (a directory per test session) in its environment: the runs share the tiny
-shapes below, so only the first one compiles; the others load the executables, which are the same
-programs (the numbers do not change). This is set per subprocess, never globally.
+Every CLI run gets `JAX_COMPILATION_CACHE_DIR` (a directory per test session) in its environment: the
+runs share the tiny shapes below, so only the first one compiles; the others load the executables,
+which are the same programs (the numbers do not change). This is set per subprocess, never globally.
 """
 from __future__ import annotations
 
@@ -37,10 +36,9 @@ def train_args(workdir, **overrides) -> list[str]:
 
 def cli_env(cache_dir, fault: str = "", **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("JAXRL_LLM_FAULT", "XLA_FLAGS")}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", **extra)
-    if os.environ.get("JAXRL_TEST_COMPILATION_CACHE"):
-        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+               TOKENIZERS_PARALLELISM="false", **extra)
     if fault:
         env["JAXRL_LLM_FAULT"] = fault
     return env

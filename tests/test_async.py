@@ -82,7 +82,6 @@ def k2_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def compile_cache(request, tmp_path_factory):
-    """tests/test_reliability.py's cache directory, used with JAXRL_TEST_COMPILATION_CACHE=1 (fr.cli_env)."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("jaxrl_llm_compilation_cache") if cache is not None else tmp_path_factory.mktemp("jax_cache")
 

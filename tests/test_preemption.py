@@ -24,8 +24,8 @@ STEPS = 24  # tiny steps take tens of milliseconds: enough of them that the sign
 
 @pytest.fixture(scope="module")
 def compile_cache(request, tmp_path_factory):
-    """The persistent compilation cache of tests/test_reliability.py (same directory), used with
-    JAXRL_TEST_COMPILATION_CACHE=1 (fr.cli_env)."""
+    """The persistent compilation cache of tests/test_reliability.py (same directory): the CLI runs
+    share the tiny programs, so a session compiles them once."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("jaxrl_llm_compilation_cache") if cache is not None else tmp_path_factory.mktemp("jax_cache")
 

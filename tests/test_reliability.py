@@ -27,9 +27,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 @pytest.fixture(scope="session")
 def compile_cache(request, tmp_path_factory):
-    """JAX's persistent compilation cache of the CLI subprocesses, used with JAXRL_TEST_COMPILATION_CACHE=1
-    (fr.cli_env): they share the tiny shapes, so only the first compiles. Kept in pytest's cache directory
-    (`--cache-clear` empties it). A kill never lands mid-entry: the fault points run after their step's compiles."""
+    """JAX's persistent compilation cache of the CLI subprocesses: they share the tiny shapes, so only
+    the first compiles. Kept in pytest's cache directory (`--cache-clear` empties it): a later session
+    compiles nothing. A kill never lands mid-entry: the fault points run after their step's compiles."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("jaxrl_llm_compilation_cache") if cache is not None else tmp_path_factory.mktemp("jax_cache")
 

@@ -9,6 +9,9 @@ entries. The subprocesses that tests start (the CLI, the mesh workers) get it to
 environment variables (the cache key holds XLA_FLAGS, so fake-device programs never collide with this
 process's). Set JAXRL_TEST_NO_COMPILATION_CACHE=1 to run without it (e.g. to compare timings).
 
+XLA flags: tests/xla_flags.py (no LLVM optimization: the tests' programs compile for seconds and run for
+milliseconds; subprocesses inherit the flags). JAXRL_TEST_XLA_OPTIMIZE=1 runs with XLA's defaults.
+
 Schedule and budget: tests/budget.py (the `slow` marker, slow files first, the per-test CPU budget and
 the run's wall-clock line against the CI budget). Memory mappings: tests/mappings.py keeps a worker under
 the kernel's limit (at the limit XLA's compiler dies of a segmentation fault). pytest.ini ends a run at
@@ -18,9 +21,13 @@ import os
 import shutil
 import tempfile
 
-import jax
+import xla_flags
 
-import mappings
+xla_flags.install()  # before JAX starts its backend, which reads XLA_FLAGS once
+
+import jax  # noqa: E402
+
+import mappings  # noqa: E402
 from budget import (pytest_collection_modifyitems, pytest_runtest_logreport,  # noqa: F401  (hooks)
                     pytest_runtest_makereport, pytest_runtest_setup, pytest_terminal_summary)
 

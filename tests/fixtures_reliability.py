@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 
@@ -35,10 +37,13 @@ def train_args(workdir, **overrides) -> list[str]:
 
 
 def cli_env(cache_dir, fault: str = "", **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("JAXRL_LLM_FAULT", "XLA_FLAGS")}
+    """The CLI's environment: the compilation cache, the fault point, and the test run's XLA flags after the
+    case's own (`XLA_FLAGS` in `extra`: a fake device count), so that the CLI compiles as this process does."""
+    env = {k: v for k, v in os.environ.items() if k != "JAXRL_LLM_FAULT"}
     env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                TOKENIZERS_PARALLELISM="false", **extra)
+    env["XLA_FLAGS"] = xla_flags.with_flags(extra.get("XLA_FLAGS", ""))
     if fault:
         env["JAXRL_LLM_FAULT"] = fault
     return env

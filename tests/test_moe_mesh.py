@@ -1,6 +1,6 @@
 """A mixture-of-experts model on 8 fake CPU devices with an `expert` mesh axis (experts' weights sharded
 over it) equals one device: log-probs, loss and every gradient to 1e-5. The meshes run in a subprocess
-(tests/moe_mesh_worker.py) with its own XLA_FLAGS; this process sets none."""
+(tests/moe_mesh_worker.py) with its own XLA_FLAGS (8 fake devices, then the test run's, tests/xla_flags.py)."""
 from __future__ import annotations
 
 import os
@@ -13,13 +13,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from moe_mesh_worker import MESHES  # noqa: E402  (constants only: no jax there)
+from xla_flags import with_flags  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("moe_mesh"))
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+               XLA_FLAGS=with_flags("--xla_force_host_platform_device_count=8"),
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "moe_mesh_worker.py"), out], env=env,
                           capture_output=True, text=True, timeout=900)

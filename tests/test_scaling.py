@@ -3,8 +3,8 @@ a checkpoint restored onto another mesh, one-line errors, the multi-host start-u
 writers, and the memory plan at toy size.
 
 Everything that needs fake devices or jax.distributed runs in subprocesses (tests/scaling_worker.py,
-benchmarks/memory_plan.py), which get their own XLA_FLAGS; this process never sets XLA flags or jax
-config. The subprocesses are started together, once per module, and each test waits for the one it
+benchmarks/memory_plan.py), which get their own XLA_FLAGS (a fake device count, then the test run's:
+tests/xla_flags.py); this process never sets jax config. The subprocesses are started together, once per module, and each test waits for the one it
 reads: on two cores that overlaps their XLA compilations with each other.
 
 Tolerances (float32 everywhere; observed in parentheses on this machine): metrics of 1 device vs any
@@ -29,17 +29,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "scaling_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from scaling_worker import BATCH_PROMPTS, GROUP, MESHES  # noqa: E402  (constants only: no jax there)
+from xla_flags import with_flags  # noqa: E402  (the test run's fast-compile flags, tests/xla_flags.py)
 
 METRIC_RTOL, METRIC_ATOL = 1e-5, 1e-6
 PARAM_ATOL = 1e-5
 SAME_MESH_PARAM_ATOL = 1e-6
-# The workers' programs run for milliseconds: skip LLVM's optimizations, which dominate compile time.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def _env(devices: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
+               XLA_FLAGS=with_flags(f"--xla_force_host_platform_device_count={devices}"),
                PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     return env

@@ -20,6 +20,7 @@ from jaxrl_llm.trainer import Trainer
 from jaxrl_llm.trainer.episodes import sample_episodes
 from jaxrl_llm.trainer.steps import logp_of
 from overrides import apply_overrides
+from xla_flags import with_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_METRICS = {"env/turns/mean", "env/tool_calls/mean", "env/errors/mean", "env/aborted_frac", "env/reward/mean",
@@ -275,7 +276,7 @@ def test_multiturn_on_a_mesh_matches_one_device(tmp_path):
     device's metrics (the mesh in a subprocess: the fake devices need their own XLA flags)."""
     import subprocess
     import sys
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=with_flags("--xla_force_host_platform_device_count=4"),
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-c", MESH_RUN.format(tests=os.path.join(ROOT, "tests"))], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

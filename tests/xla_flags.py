@@ -1,0 +1,36 @@
+"""The XLA flags of the test run (set by tests/conftest.py before JAX starts; inherited by subprocesses).
+
+The tests' programs run for milliseconds and compile for seconds: LLVM's optimizations dominate their
+compile time. Without them (FAST_COMPILE), a compile-bound file takes about 37% less CPU
+(tests/test_audit_metrics.py: 81.6 -> 52.5 s) and the few long learning runs take up to 1.7x more
+(tests/test_async.py's k = 2 bar: 101 -> 173 s): in all, the suite takes about a quarter less. Numbers
+change by float32 rounding only (the same HLO; the tolerances of the tests hold), but a seed-fixed test
+samples other tokens, so a test must not rely on what a seed happens to draw.
+
+A process that compares its numbers with a subprocess's must give the subprocess the same flags: `with_flags`
+adds the run's flags to a subprocess's own (the fake device count). JAXRL_TEST_XLA_OPTIMIZE=1 runs the
+tests with XLA's default optimization instead (what users run).
+"""
+import os
+
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+_OPTIMIZE_VAR = "JAXRL_TEST_XLA_OPTIMIZE"
+
+
+def run_flags() -> str:
+    """The flags this test run compiles with ('' when JAXRL_TEST_XLA_OPTIMIZE=1)."""
+    return "" if os.environ.get(_OPTIMIZE_VAR) == "1" else FAST_COMPILE
+
+
+def install() -> None:
+    """Adds the run's flags to this process's XLA_FLAGS (before JAX starts its backend; idempotent)."""
+    os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""))
+
+
+def with_flags(*flags: str) -> str:
+    """`flags` (e.g. '--xla_force_host_platform_device_count=8') followed by the run's, each once."""
+    out = []
+    for f in " ".join([*flags, run_flags()]).split():
+        if f not in out:
+            out.append(f)
+    return " ".join(out)

@@ -55,6 +55,20 @@ def run_cli(module: str, args: list[str], env: dict, timeout: float = 300) -> su
                           env=env, cwd=ROOT, timeout=timeout)
 
 
+def learning_run(config: str, workdir, **overrides) -> list[dict]:
+    """`python -m jaxrl_llm.train --config=configs/CONFIG --workdir=WORKDIR --config.KEY=VALUE...` as the README
+    runs it, with XLA's default optimization (a learning run executes hundreds of steps: there the test
+    run's unoptimized code, tests/xla_flags.py, costs more than it saves); its metrics rows."""
+    env = {k: v for k, v in os.environ.items() if k != "JAXRL_LLM_FAULT"}
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", XLA_FLAGS="",
+               TOKENIZERS_PARALLELISM="false")
+    args = [f"--config={ROOT}/configs/{config}", f"--workdir={workdir}",
+            *(f"--config.{k.replace('__', '.')}={v}" for k, v in overrides.items())]
+    proc = run_cli("train", args, env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+
+
 def error_lines(stderr: str, prog: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(f"{prog}: error:")]
 

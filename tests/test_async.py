@@ -349,16 +349,16 @@ def test_producer_failure_on_any_process_stops_every_process(monkeypatch):
 # ====================================================================================== learning
 @pytest.mark.slow
 def test_k2_learns_the_default_task_to_the_synchronous_bar(tmp_path):
-    """configs/tiny.py (GRPO, 800 steps) with k = 2: the mean reward of the last 10% of steps reaches the
+    """configs/tiny.py (GRPO, 800 steps) with k = 2, through the CLI: the mean reward of the last 10% of steps reaches the
     initial one plus half the headroom to 1.0, the bar of benchmarks/tiny_curves.py (docs/algorithms/async.md
     has the curves beside k = 0's and k = 1's). One learning run for the capability: k = 2 is the stalest
     schedule tested and the one with the least margin over the bar (k = 1 ran with k = 2 before; the
     schedule of any k is checked exactly above)."""
-    c = tiny_config().get_config("algo=grpo")
-    c.rollout.max_staleness = 2
-    c.log.progress, c.log.tensorboard, c.export.at_end, c.export.plot = False, False, False, False
-    c.eval.every_steps, c.checkpoint.every_steps = 0, 10_000
-    r = np.array([h["reward/mean"] for h in Trainer(c, str(tmp_path / "k2")).run()])
+    rows = fr.learning_run("tiny.py:algo=grpo", tmp_path / "k2", rollout__max_staleness=2, log__progress=False,
+                           log__tensorboard=False, export__at_end=False, export__plot=False, eval__every_steps=0,
+                           checkpoint__every_steps=10_000)
+    r = np.array([h["reward/mean"] for h in rows])
+    assert len(r) == 800
     init, final = r[:10].mean(), r[-len(r) // 10:].mean()
     print(f"k=2: initial {init:.3f}, final {final:.3f}")
     assert final >= init + (1 - init) / 2, (init, final)

@@ -294,18 +294,19 @@ def test_multiturn_on_a_mesh_matches_one_device(tmp_path):
 
 @pytest.mark.slow
 def test_default_tiny_multiturn_run_uses_the_feedback(tmp_path):
-    """configs/tiny_multiturn.py as the README runs it (300 steps from random init, about a minute): the
+    """configs/tiny_multiturn.py as the README runs it (the CLI, 300 steps from random init, about a minute): the
     training reward ends past the bar (initial + half the headroom to 1) and past 0.4, the best a policy
     that ignores the replies can score, and so does held-out pass@1."""
-    c = _load("tiny_multiturn").get_config()
-    c.log.progress, c.log.tensorboard, c.export.at_end, c.export.plot = False, False, False, False
-    history = Trainer(c, str(tmp_path)).run()
-    r = np.array([h["reward/mean"] for h in history if "reward/mean" in h])
+    import fixtures_reliability as fr
+    rows = fr.learning_run("tiny_multiturn.py", tmp_path, log__progress=False, log__tensorboard=False,
+                           export__at_end=False, export__plot=False)
+    r = np.array([h["reward/mean"] for h in rows if "reward/mean" in h])
     init, final = r[:10].mean(), r[-30:].mean()
-    bound = envs.feedback_free_bound(c.env.max_turns)
+    bound = envs.feedback_free_bound(_load("tiny_multiturn").get_config().env.max_turns)
     assert bound == 0.4 and len(r) == 300
     assert final >= max(init + (1 - init) / 2, bound + 0.05), (init, final)
-    assert history[-1]["eval/pass@1"] > bound + 0.1, history[-1]["eval/pass@1"]
+    last = rows[-1]
+    assert last["step"] == 300 and last["eval/pass@1"] > bound + 0.1, last
 
 
 def test_evaluate_command_line_gives_the_loops_episode_numbers(tmp_path):

@@ -314,18 +314,21 @@ def stage_memory(p) -> dict:
                  str(m["grad_accum"]), "--param_dtype", dtype, "--compute_dtype", dtype, "--remat", "full"]
     plan_args += ["--model", {"toy": "toy", "1.5B": "qwen2.5-1.5b"}[m["size"]]]
     out = {"run": dict(m, dtype=dtype)}
-    with tempfile.TemporaryDirectory() as tmp:  # the documented plan: compiled for CPU devices
-        path = os.path.join(tmp, "plan.json")
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "memory_plan.py"), *plan_args, "--json", path],
-                              capture_output=True, text=True, env=env, timeout=600)
-        if proc.returncode:
-            raise RuntimeError(f"memory_plan.py failed: {proc.stderr.strip().splitlines()[-1:]}")
-        with open(path) as f:
-            out["plan_cpu"] = json.load(f)[0]
-    args = memory_plan.parse_args(plan_args)  # the same plan, compiled for this device
+    args = memory_plan.parse_args(plan_args)  # the plan compiled for this device
     c = memory_plan.run_config(args, m["grad_accum"])
     out["plan_device"] = memory_plan.plan_one(c, memory_plan.model_config(args), (1, 1, 1), jax.devices())
+    if on_cpu:  # this device is a CPU: the documented plan is this one (memory_plan.py's CLI: tests/test_scaling.py)
+        out["plan_cpu"] = out["plan_device"]
+    else:
+        with tempfile.TemporaryDirectory() as tmp:  # the documented plan: compiled for CPU devices
+            path = os.path.join(tmp, "plan.json")
+            env = dict(os.environ, JAX_PLATFORMS="cpu")
+            proc = subprocess.run([sys.executable, os.path.join(HERE, "memory_plan.py"), *plan_args, "--json", path],
+                                  capture_output=True, text=True, env=env, timeout=600)
+            if proc.returncode:
+                raise RuntimeError(f"memory_plan.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+            with open(path) as f:
+                out["plan_cpu"] = json.load(f)[0]
     with tempfile.TemporaryDirectory(prefix="gpu-suite-memory-") as ws:
         trainer = build_trainer(ws, model_size(m["size"]), batch=m["batch"], group=m["group"], prompt_len=m["prompt"],
                                 new_tokens=m["new"], compute_dtype=dtype, param_dtype=dtype, remat="full",

@@ -349,8 +349,8 @@ def test_producer_failure_on_any_process_stops_every_process(monkeypatch):
 # ====================================================================================== learning
 @pytest.mark.slow
 def test_k2_learns_the_default_task_to_the_synchronous_bar(tmp_path):
-    """configs/tiny.py (GRPO, 800 steps) with k = 2, through the CLI: the mean reward of the last 10% of steps reaches the
-    initial one plus half the headroom to 1.0, the bar of benchmarks/tiny_curves.py (docs/algorithms/async.md
+    """configs/tiny.py (GRPO, 800 steps) with k = 2, through the CLI: the mean reward of the last 10% of steps
+    reaches the initial one plus half the headroom to 1.0, the bar of benchmarks/tiny_curves.py (docs/algorithms/async.md
     has the curves beside k = 0's and k = 1's). One learning run for the capability: k = 2 is the stalest
     schedule tested and the one with the least margin over the bar (k = 1 ran with k = 2 before; the
     schedule of any k is checked exactly above)."""

@@ -4,8 +4,8 @@ writers, and the memory plan at toy size.
 
 Everything that needs fake devices or jax.distributed runs in subprocesses (tests/scaling_worker.py,
 benchmarks/memory_plan.py), which get their own XLA_FLAGS (a fake device count, then the test run's:
-tests/xla_flags.py); this process never sets jax config. The subprocesses are started together, once per module, and each test waits for the one it
-reads: on two cores that overlaps their XLA compilations with each other.
+tests/xla_flags.py); this process never sets jax config. The subprocesses are started together, once per
+module, and each test waits for the one it reads: on two cores that overlaps their XLA compilations.
 
 Tolerances (float32 everywhere; observed in parentheses on this machine): metrics of 1 device vs any
 mesh agree to rtol 1e-5 + atol 1e-6 (max |diff| 9.5e-7, relative 4.8e-7: a few float32 ulps of

@@ -1,11 +1,13 @@
 """The XLA flags of the test run (set by tests/conftest.py before JAX starts; inherited by subprocesses).
 
 The tests' programs run for milliseconds and compile for seconds: LLVM's optimizations dominate their
-compile time. Without them (FAST_COMPILE), a compile-bound file takes about 37% less CPU
-(tests/test_audit_metrics.py: 81.6 -> 52.5 s) and the few long learning runs take up to 1.7x more
-(tests/test_async.py's k = 2 bar: 101 -> 173 s): in all, the suite takes about a quarter less. Numbers
-change by float32 rounding only (the same HLO; the tolerances of the tests hold), but a seed-fixed test
-samples other tokens, so a test must not rely on what a seed happens to draw.
+compile time. Without them (FAST_COMPILE), a compile-bound file takes about a third less CPU
+(tests/test_audit_metrics.py: 81.6 -> 52.5 s, side by side on the 2-core machine; `--xla_backend_
+optimization_level=1` alone: 69.8 s), while a run of hundreds of steps takes up to 1.7x more (the k = 2
+learning bar: 100.6 -> 173.1 s): the learning bars run the CLI with XLA's defaults instead
+(fixtures_reliability.learning_run). Numbers change by float32 rounding only (the same HLO; the tests'
+tolerances hold), but a seed-fixed test samples other tokens: no test may rely on what a seed happens
+to draw.
 
 A process that compares its numbers with a subprocess's must give the subprocess the same flags: `with_flags`
 adds the run's flags to a subprocess's own (the fake device count). JAXRL_TEST_XLA_OPTIMIZE=1 runs the

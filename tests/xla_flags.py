@@ -2,7 +2,7 @@
 
 The tests' programs run for milliseconds and compile for seconds: LLVM's optimizations dominate their
 compile time. Without them (FAST_COMPILE), a compile-bound file takes about a third less CPU
-(tests/test_audit_metrics.py: 81.6 -> 52.5 s, side by side on the 2-core machine; `--xla_backend_
+(tests/test_audit_metrics.py: 81.6 -> 52.5 s, one after the other on the 2-core machine; `--xla_backend_
 optimization_level=1` alone: 69.8 s), while a run of hundreds of steps takes up to 1.7x more (the k = 2
 learning bar: 100.6 -> 173.1 s): the learning bars run the CLI with XLA's defaults instead
 (fixtures_reliability.learning_run). Numbers change by float32 rounding only (the same HLO; the tests'

@@ -38,9 +38,9 @@ def test_default_format(completion, expected):
 def test_default_format_is_linear_time_on_adversarial_input():
     # Many opening tags and no closing one: a backtracking pattern would take exponential time.
     completion = "<think>" + "a <think" * 20000
-    start = time.process_time()  # CPU time: a loaded host does not fail the test
+    start = time.thread_time()  # CPU time of this thread: a loaded host does not fail the test
     assert format_reward()(["q"], [completion]) == [0.0]
-    assert time.process_time() - start < 2.0
+    assert time.thread_time() - start < 2.0
 
 
 def test_custom_pattern_modes_and_registry_options():

@@ -36,13 +36,16 @@ def train_args(workdir, **overrides) -> list[str]:
             *(f"--config.{k}={v}" for k, v in fields.items())]
 
 
-def cli_env(cache_dir, fault: str = "", **extra) -> dict:
-    """The CLI's environment: the compilation cache, the fault point, and the test run's XLA flags after the
-    case's own (`XLA_FLAGS` in `extra`: a fake device count), so that the CLI compiles as this process does."""
+def cli_env(cache_dir=None, fault: str = "", **extra) -> dict:
+    """The CLI's environment: the compilation cache (`cache_dir`; this process's when None), the fault point,
+    and the test run's XLA flags after the case's own (`XLA_FLAGS` in `extra`: a fake device count), so that
+    the CLI compiles as this process does."""
     env = {k: v for k, v in os.environ.items() if k != "JAXRL_LLM_FAULT"}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-               TOKENIZERS_PARALLELISM="false", **extra)
+    if cache_dir is not None:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+               **extra)
     env["XLA_FLAGS"] = xla_flags.with_flags(extra.get("XLA_FLAGS", ""))
     if fault:
         env["JAXRL_LLM_FAULT"] = fault
@@ -59,9 +62,7 @@ def learning_run(config: str, workdir, **overrides) -> list[dict]:
     """`python -m jaxrl_llm.train --config=configs/CONFIG --workdir=WORKDIR --config.KEY=VALUE...` as the README
     runs it, with XLA's default optimization (a learning run executes hundreds of steps: there the test
     run's unoptimized code, tests/xla_flags.py, costs more than it saves); its metrics rows."""
-    env = {k: v for k, v in os.environ.items() if k != "JAXRL_LLM_FAULT"}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, TESTS]), JAX_PLATFORMS="cpu", XLA_FLAGS="",
-               TOKENIZERS_PARALLELISM="false")
+    env = dict(cli_env(), XLA_FLAGS="")
     args = [f"--config={ROOT}/configs/{config}", f"--workdir={workdir}",
             *(f"--config.{k.replace('__', '.')}={v}" for k, v in overrides.items())]
     proc = run_cli("train", args, env, timeout=1200)

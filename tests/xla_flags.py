@@ -1,21 +1,27 @@
 """The XLA flags of the test run (set by tests/conftest.py before JAX starts; inherited by subprocesses).
 
-The tests' programs run for milliseconds and compile for seconds: LLVM's optimizations dominate their
-compile time. Without them (FAST_COMPILE), a compile-bound file takes about a third less CPU
-(tests/test_audit_metrics.py: 81.6 -> 52.5 s, one after the other on the 2-core machine; `--xla_backend_
-optimization_level=1` alone: 69.8 s), while a run of hundreds of steps takes up to 1.7x more (the k = 2
-learning bar: 100.6 -> 173.1 s): the learning bars run the CLI with XLA's defaults instead
-(fixtures_reliability.learning_run). Numbers change by float32 rounding only (the same HLO; the tests'
-tolerances hold), but a seed-fixed test samples other tokens: no test may rely on what a seed happens
-to draw.
+The tests' programs run for milliseconds and compile for seconds: compilation dominates their CPU. Two
+things make it cheaper (FAST_COMPILE), measured one after the other on the 2-core machine (`pytest -q -n 0
+FILE`, CPU seconds):
+- no LLVM optimizations: tests/test_audit_metrics.py 81.6 -> 52.5 s (`--xla_backend_optimization_level=1`
+  alone: 69.8 s);
+- XLA:CPU's older fusion emitters (`--xla_cpu_use_fusion_emitters=false`), on top of that: XLA's compile
+  time of tests/test_sampling.py's programs 43.4 -> 18.6 s (the whole file 96 -> 48 s), tests/test_models.py
+  115 -> 67 s, tests/test_sampling_turns.py 133 -> 69 s. Without the first flag the second saves little
+  (tests/test_models.py: 152 s).
+A run of hundreds of steps pays for unoptimized code instead (the k = 2 learning bar: 100.6 -> 173.1 s
+without LLVM's optimizations): the learning bars run the CLI with XLA's defaults
+(fixtures_reliability.learning_run). Numbers change by float32 rounding only (the tests' tolerances hold),
+but a seed-fixed test samples other tokens: no test may rely on what a seed happens to draw.
 
 A process that compares its numbers with a subprocess's must give the subprocess the same flags: `with_flags`
 adds the run's flags to a subprocess's own (the fake device count). JAXRL_TEST_XLA_OPTIMIZE=1 runs the
-tests with XLA's default optimization instead (what users run).
+tests with XLA's defaults instead (what users run).
 """
 import os
 
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                "--xla_cpu_use_fusion_emitters=false")
 _OPTIMIZE_VAR = "JAXRL_TEST_XLA_OPTIMIZE"
 
 

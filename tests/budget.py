@@ -23,10 +23,13 @@ machine, the install included. Three rules keep the suite inside it by construct
    worker idle at the end.
 3. The run ends with its wall time and summed test CPU against the budget, and a loud warning when the
    wall time is over TESTS_WALL_BUDGET_S (the CI budget less the install): wall time depends on the
-   machine's load, so it warns and never fails.
+   machine's load, so it warns and never fails. It says how long the test processes spent compiling
+   (JAX's duration events: tracing, lowering, XLA; subprocesses not counted; `compile_s` per test in
+   --junitxml), so that the next saving is looked for where the time is.
 """
 import os
 import resource
+import sys
 import time
 
 import pytest
@@ -41,6 +44,27 @@ TESTS_WALL_BUDGET_S = 13 * 60
 # are marked here, by node id, rather than in files that move with the benchmarks.
 SLOW_ELSEWHERE = ("tests/test_benchmarks_gpu.py::test_dry_run_passes_every_stage_and_writes_its_results",
                   "tests/test_benchmarks_training.py::test_mfu_script_runs_at_toy_size")
+
+
+# JAX's duration events of a compilation, by the name the summary gives them.
+_COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+                   "/jax/core/compile/backend_compile_duration": "XLA"}
+_compile_s = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)  # this process's, since it started
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    name = _COMPILE_EVENTS.get(event)
+    if name:
+        _compile_s[name] += seconds
+
+
+def _listen_to_compiles() -> None:
+    """Counts this process's compilations from here on (once; a process that never imports JAX adds nothing)."""
+    if "jax" in sys.modules and not getattr(_listen_to_compiles, "done", False):
+        import jax.monitoring
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _listen_to_compiles.done = True
 
 
 def _cpu_s() -> float:
@@ -65,7 +89,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
+    _listen_to_compiles()  # after tests/conftest.py imported JAX, before the test compiles
     item._budget_cpu_start = _cpu_s()
+    item._budget_compile_start = dict(_compile_s)
     yield
 
 
@@ -76,8 +102,10 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call" or not hasattr(item, "_budget_cpu_start"):
         return
     cpu = _cpu_s() - item._budget_cpu_start
-    report.user_properties.append(("cpu_s", round(cpu, 2)))  # to the controller (xdist)
-    item.user_properties.append(("cpu_s", round(cpu, 2)))  # to the later reports (--junitxml writes them)
+    compile_s = {k: round(v - item._budget_compile_start[k], 4) for k, v in _compile_s.items()}
+    for key, value in (("cpu_s", round(cpu, 2)), ("compile_s", compile_s)):
+        report.user_properties.append((key, value))  # to the controller (xdist)
+        item.user_properties.append((key, value))  # to the later reports (--junitxml writes them)
     if not (report.passed and cpu > PER_TEST_CPU_S and not _is_slow(item)):
         return
     message = (f"{item.nodeid} used {cpu:.0f} s of CPU (setup and call), over the {PER_TEST_CPU_S:g} s of a test "
@@ -94,6 +122,7 @@ def pytest_runtest_makereport(item, call):
 class _Totals:
     start = time.monotonic()
     cpu = 0.0
+    compile_s = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)
     slow = []  # (cpu s, node id)
     over = []  # messages of tests over the budget that were not failed
 
@@ -102,6 +131,8 @@ def pytest_runtest_logreport(report):
     properties = dict(report.user_properties)
     if report.when == "call" and "cpu_s" in properties:
         _Totals.cpu += properties["cpu_s"]
+        for k, v in properties.get("compile_s", {}).items():
+            _Totals.compile_s[k] = _Totals.compile_s.get(k, 0.0) + v
         _Totals.slow.append((properties["cpu_s"], report.nodeid))
         if "over_budget" in properties:
             _Totals.over.append(properties["over_budget"])
@@ -115,6 +146,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("-", "test time budget")
     terminalreporter.write_line(f"wall {wall:.0f} s (CI budget for the tests: {TESTS_WALL_BUDGET_S} s); CPU of the "
                                 f"tests {_Totals.cpu:.0f} s; most CPU: {top}")
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in _Totals.compile_s.items())
+    terminalreporter.write_line(f"compiling in the test processes: {sum(_Totals.compile_s.values()):.0f} s ({parts}; "
+                                "the durations JAX reports; subprocesses not counted)")
     for message in _Totals.over:
         terminalreporter.write_line(f"OVER BUDGET: {message}", red=True)
     if wall > TESTS_WALL_BUDGET_S and len(_Totals.slow) > 200:  # a whole run, not one file

@@ -1,7 +1,7 @@
 """tests/budget.py, the suite's time guard, on a generated suite run by pytest in a subprocess (budgets
 shrunk to 0.3 s): an unmarked test over the CPU budget fails naming it (only warns on an overloaded
 machine), a marked one passes, sleeping costs no CPU, too many slow tests stop the collection, and files
-with slow tests are collected first."""
+with slow tests are collected first, and the summary counts the tests' compilations."""
 import os
 import subprocess
 import sys
@@ -55,11 +55,12 @@ def test_listed():
 """
 
 
-def run_suite(tmp_path, max_slow: int, *args: str, overloaded: float = 1e9) -> subprocess.CompletedProcess:
+def run_suite(tmp_path, max_slow: int, *args: str, overloaded: float = 1e9,
+              files: dict | None = None) -> subprocess.CompletedProcess:
     """The generated suite; `overloaded` is the load per core above which the CPU budget only warns."""
     (tmp_path / "conftest.py").write_text(CONFTEST.format(max_slow=max_slow, overloaded=overloaded))
-    (tmp_path / "test_a.py").write_text(TEST_A)
-    (tmp_path / "test_b.py").write_text(TEST_B)
+    for name, text in (files or {"test_a.py": TEST_A, "test_b.py": TEST_B}).items():
+        (tmp_path / name).write_text(text)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rA", *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -98,3 +99,24 @@ def test_files_with_slow_tests_are_collected_first(tmp_path):
     assert ids == ["test_b.py::test_marked[1]", "test_b.py::test_marked[2]", "test_b.py::test_listed",
                    "test_a.py::test_quick", "test_a.py::test_burns", "test_a.py::test_sleeps",
                    "test_a.py::test_burns_in_a_child"], proc.stdout
+
+
+def test_the_compilations_of_each_test_are_counted(tmp_path):
+    """compile_s (a user property, in --junitxml) holds what JAX reported compiling during the test, and
+    the run's summary adds them up."""
+    import json
+    import xml.etree.ElementTree as ET
+    jit_test = ("import jax\nimport jax.numpy as jnp\n\n"
+                "def test_compiles():\n    jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(3.0)).block_until_ready()\n\n"
+                "def test_compiles_nothing():\n    pass\n")
+    proc = run_suite(tmp_path, 2, "--junitxml", str(tmp_path / "r.xml"), files={"test_c.py": jit_test})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    got = {}
+    for case in ET.parse(tmp_path / "r.xml").iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        got[case.get("name")] = json.loads(props["compile_s"].replace("'", '"'))
+    assert set(got["test_compiles"]) == {"tracing", "lowering", "XLA"}
+    assert all(v > 0 for v in got["test_compiles"].values()), got
+    assert all(v == 0 for v in got["test_compiles_nothing"].values()), got
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("compiling in the test processes: "))
+    assert "tracing" in line and "XLA" in line and "subprocesses not counted" in line

@@ -132,7 +132,7 @@ def pytest_runtest_logreport(report):
     if report.when == "call" and "cpu_s" in properties:
         _Totals.cpu += properties["cpu_s"]
         for k, v in properties.get("compile_s", {}).items():
-            _Totals.compile_s[k] = _Totals.compile_s.get(k, 0.0) + v
+            _Totals.compile_s[k] += v
         _Totals.slow.append((properties["cpu_s"], report.nodeid))
         if "over_budget" in properties:
             _Totals.over.append(properties["over_budget"])

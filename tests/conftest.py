@@ -10,7 +10,8 @@ environment variables (the cache key holds XLA_FLAGS, so fake-device programs ne
 process's). Set JAXRL_TEST_NO_COMPILATION_CACHE=1 to run without it (e.g. to compare timings).
 
 XLA flags: tests/xla_flags.py (no LLVM optimization, the older fusion emitters: the tests' programs compile
-for seconds and run for milliseconds; subprocesses inherit the flags). JAXRL_TEST_XLA_OPTIMIZE=1 runs with XLA's defaults.
+for seconds and run for milliseconds; subprocesses inherit the flags). JAXRL_TEST_XLA_OPTIMIZE=1 runs with
+XLA's defaults.
 
 Schedule and budget: tests/budget.py (the `slow` marker, slow files first, the per-test CPU budget and
 the run's wall-clock line against the CI budget). Memory mappings: tests/mappings.py keeps a worker under

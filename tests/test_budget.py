@@ -107,7 +107,8 @@ def test_the_compilations_of_each_test_are_counted(tmp_path):
     import json
     import xml.etree.ElementTree as ET
     jit_test = ("import jax\nimport jax.numpy as jnp\n\n"
-                "def test_compiles():\n    jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(3.0)).block_until_ready()\n\n"
+                "def test_compiles():\n"
+                "    jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(3.0)).block_until_ready()\n\n"
                 "def test_compiles_nothing():\n    pass\n")
     proc = run_suite(tmp_path, 2, "--junitxml", str(tmp_path / "r.xml"), files={"test_c.py": jit_test})
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -42,6 +42,15 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def require_step(self, step: int | None) -> int:
+        """`step` (the latest when None) when it is committed; else a one-line error listing those that are."""
+        steps = self.steps()
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"{self.directory}: no checkpoint for step {step}; available: {steps or 'none'}")
+        if not steps:
+            raise FileNotFoundError(f"{self.directory}: no checkpoint")
+        return steps[-1] if step is None else step
+
     def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
         meta = {**meta, CHECKSUMS: checksums(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
@@ -53,10 +62,7 @@ class Checkpointer:
         abstract_state: a pytree of jax.ShapeDtypeStruct (with shardings) describing the target.
         Returns None when there is no checkpoint at all.
         """
-        candidates = [step] if step is not None else list(reversed(self.steps()))
-        if step is not None and step not in self.steps():
-            raise FileNotFoundError(f"{self.directory}: no checkpoint for step {step}; "
-                                    f"available: {self.steps() or 'none'}")
+        candidates = [self.require_step(step)] if step is not None else list(reversed(self.steps()))
         failed, newest_error = [], ""
         for s in candidates:
             try:
@@ -115,12 +121,7 @@ class Checkpointer:
 
     def restore_params(self, abstract_params, step: int | None = None, *, with_meta: bool = False):
         """(step, policy params [, the metadata saved with them]) alone, without reading optimizer states."""
-        steps = self.steps()
-        if not steps:
-            raise FileNotFoundError(f"{self.directory}: no checkpoint")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise FileNotFoundError(f"{self.directory}: no checkpoint for step {step}; available: {steps}")
+        step = self.require_step(step)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         restore_args = jax.tree_util.tree_map(
             lambda x: ocp.ArrayRestoreArgs(sharding=getattr(x, "sharding", None) or device), abstract_params)
@@ -136,7 +137,7 @@ class Checkpointer:
         except Exception as e:  # a damaged checkpoint: one line naming it, never a partial export
             message = " ".join(str(e).split())[:300]
             raise ValueError(f"checkpoint step {step} in {self.directory} cannot be restored: {message}; "
-                             f"available steps: {steps}") from None
+                             f"available steps: {self.steps()}") from None
         finally:
             reader.close()
         return (step, restored["state"]["params"]) + ((dict(restored["meta"]),) if with_meta else ())

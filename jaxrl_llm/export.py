@@ -32,36 +32,43 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Full tracebacks.")
 def export(workdir: str, out: str, step: int | None = None, dtype: str = "", adapter_out: str | None = None) -> int:
     """Writes checkpoint `step` (default: latest) of `workdir` to `out` [and its LoRA adapter to
     `adapter_out`]; returns the step exported."""
-    from transformers import AutoTokenizer
-
     from jaxrl_llm.checkpoint import Checkpointer
-    from jaxrl_llm.models import lora, save_hf
-    from jaxrl_llm.models.config import config_from_hf_dict
-    from jaxrl_llm.models.hf import save_peft_adapter
+    from jaxrl_llm.models.hf import check_replaceable
 
     wd = epath.Path(workdir)
     config_file = wd / "model_config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file}: not found; is {workdir} the workdir of a jaxrl_llm run?")
-    hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    mc = config_from_hf_dict(hf_config, source=str(config_file),
-                             param_dtype=hf_config.get("torch_dtype", "float32"))
-    c, mc, base = _lora_base(wd, mc)
     ckpt_dir = wd / "checkpoints"
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"{ckpt_dir}: no checkpoints in this workdir")
+    targets = [out, adapter_dir(out, adapter_out)] if _lora_run(wd) else [out]
+    for target in targets:  # refused before anything is read, not after the checkpoint is restored
+        if not fs.is_url(target):
+            check_replaceable(target)
+    # The rest (transformers, the trainer's modules) is imported once the cheap checks have passed.
+    from transformers import AutoTokenizer
+
     from jaxrl_llm import sharding
+    from jaxrl_llm.models import lora, save_hf
+    from jaxrl_llm.models.config import config_from_hf_dict
+    from jaxrl_llm.models.hf import save_peft_adapter
     from jaxrl_llm.trainer.adapters import restore_policy
+
     ckpt = Checkpointer(str(ckpt_dir), async_save=False)
     try:
+        step = ckpt.require_step(step)  # a missing step fails before the LoRA base loads
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+        mc = config_from_hf_dict(hf_config, source=str(config_file),
+                                 param_dtype=hf_config.get("torch_dtype", "float32"))
+        c, mc, base = _lora_base(wd, mc)
         step, params = restore_policy(mc, base, ckpt, step, sharding.make_mesh(1, 1, 1), workdir)
     finally:
         ckpt.close()
     writes = [(out, lambda path: save_hf(path, mc, lora.merge(mc, params), tokenizer=tokenizer, dtype=dtype or None))]
     if base is not None:
         adapters = lora.split(params)[1]
-        writes.append((adapter_dir(out, adapter_out),
-                       lambda path: save_peft_adapter(path, mc, adapters, c.model.path, dtype or None)))
+        writes.append((targets[1], lambda path: save_peft_adapter(path, mc, adapters, c.model.path, dtype or None)))
     with tempfile.TemporaryDirectory(prefix="jaxrl_llm-tok-") as tmp:
         tokenizer = None
         if (wd / "tokenizer").is_dir():  # copied down first: transformers reads local paths only

@@ -32,6 +32,8 @@ def main(argv):
             raise ValueError("--config is required, e.g. --config=configs/tiny.py")
         from jaxrl_llm import config as config_lib
         config = config_lib.prepare(_CONFIG.value)  # a bad field fails before the cluster and the models load
+        from jaxrl_llm.trainer import preflight
+        preflight.check_inputs(config)  # and a bad file, before the trainer's imports (datasets, transformers)
         from jaxrl_llm import distributed
         distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         from jaxrl_llm.trainer import Trainer

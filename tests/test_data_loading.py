@@ -100,6 +100,23 @@ def test_missing_local_file_fails_fast_without_the_hub(tmp_path):
     assert time.monotonic() - start < 5
 
 
+def test_local_paths_are_told_from_hub_names_and_every_extension_has_a_builder(tmp_path, monkeypatch):
+    """data/files.py's checks (run at start-up, before `datasets` is imported) against the loader's table."""
+    from jaxrl_llm.data import files, loading
+    assert set(files.DATA_EXTENSIONS) == set(loading._FILE_BUILDERS)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.CSV").write_text("question,answer\n")
+    (tmp_path / "dir").mkdir()
+    assert files.data_file_extension("d.CSV") == ".csv"  # an existing file, relative, any case
+    assert files.data_file_extension(str(tmp_path / "dir")) is None  # a directory: load_dataset(dir)
+    assert files.data_file_extension("openai/gsm8k") is None  # a hub name
+    for missing in ("train.jsonl", "./nope", str(tmp_path / "nope"), "~/surely/not/here.parquet"):
+        with pytest.raises(ValueError, match=r"^eval\.path '.*' does not exist$"):
+            files.data_file_extension(missing, "eval.path")
+    with pytest.raises(ValueError, match="data.path is empty"):
+        files.data_file_extension("")
+
+
 def test_unsupported_extension(tmp_path):
     (tmp_path / "d.xyz").write_text("question,answer\n")
     with pytest.raises(ValueError, match=r"extension '\.xyz'"):

@@ -387,6 +387,11 @@ CATALOGUE = [
      "unsupported model_type 'gpt2'; supported: llama"),
     ("model_config_disagrees_with_weights", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_shapes"]),
                                                        {}), "model_shapes: tensor model.layers.0.mlp."),
+    # The model's files are checked before the dataset is read (trainer/preflight.py): a bad checkpoint is
+    # the error, not the unreadable data file beside it.
+    ("weights_checked_before_the_data", lambda a: ("train", fr.train_args(
+        a["wd"], data__task="", data__path=a["data_bad_line"], model__path=a["model_shapes"]), {}),
+     "model_shapes: tensor model.layers.0.mlp."),
     ("value_model_missing", _train(algo="ppo", rollout__group_size=1, value__init="/nonexistent/value"),
      "config.value.init '/nonexistent/value' is neither 'policy' nor a directory"),
     ("mesh_product_not_the_device_count", _train(mesh__data=3, mesh__fsdp=1),
@@ -422,6 +427,9 @@ CATALOGUE = [
     ("export_bad_dtype", lambda a: ("export", [f"--workdir={a['ref']}", f"--out={a['out']}", "--dtype=int8"], {}),
      "flag --dtype=int8: value should be one of"),
     ("export_out_is_a_file", lambda a: ("export", [f"--workdir={a['ref']}", f"--out={a['a_file']}"], {}),
+     "exists and is not a directory"),
+    ("export_out_checked_before_the_checkpoint",  # refused before the (damaged) checkpoint is read
+     lambda a: ("export", [f"--workdir={a['ref_corrupt']}", f"--out={a['a_file']}"], {}),
      "exists and is not a directory"),
 ]
 VERBOSE = ("negative_learning_rate",)  # rerun with --verbose: the full traceback
@@ -525,8 +533,29 @@ def test_bad_input_exits_with_one_line_and_leaves_nothing_behind(catalogue, name
     assert not os.path.isdir(checkpoints) or os.listdir(checkpoints) == []
     parent = os.path.dirname(a["out"])
     assert not os.path.exists(a["out"]) and not [n for n in os.listdir(parent) if n.startswith(".out")]
-    if name == "export_out_is_a_file":
-        assert open(a["a_file"]).read() == "not a directory"
+    assert open(a["a_file"]).read() == "not a directory"
+
+
+def test_the_file_checks_need_neither_datasets_nor_transformers(tmp_path):
+    """trainer/preflight.py runs before the command line imports the trainer: a damaged model directory
+    fails with JAX alone imported, not after `datasets`, `transformers` and the tokenizer have loaded."""
+    import fixtures_data
+    import fixtures_hf
+    tok = fixtures_data.make_tiny_tokenizer(tmp_path / "m", chat_template=False)
+    fixtures_hf.make_hf_model(str(tmp_path / "m"), "llama", vocab_size=len(tok))
+    fr.truncate_largest_file(tmp_path / "m")
+    fields = {"model.path": str(tmp_path / "m"), "data.task": "digit_puzzles"}
+    code = ("import sys\nfrom jaxrl_llm import config\nfrom jaxrl_llm.trainer import preflight\n"
+            f"c = config.prepare(config.from_dict({fields!r}))\n"
+            "try:\n    preflight.check_inputs(c)\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+            "heavy = ('datasets', 'transformers', 'torch', 'pandas', 'tokenizers')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=fr.cli_env(), cwd=fr.ROOT,
+                          timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, proc.stderr[-2000:]
+    assert lines[0].startswith("CheckpointError") and "model.safetensors: truncated" in lines[0], lines
+    assert lines[1] == "[]"
 
 
 @pytest.mark.parametrize("name", VERBOSE)

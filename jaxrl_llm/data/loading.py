@@ -21,11 +21,12 @@ import transformers
 
 from jaxrl_llm.data import prompts as prompts_lib
 from jaxrl_llm.data.config import PROMPT_IDS, PROMPT_TEXT, PROMPT_USER, use_chat_template_flag, validate_data_config
+from jaxrl_llm.data.files import data_file_extension
 from jaxrl_llm.data.tokenizer import has_chat_template
 
 logger = logging.getLogger(__name__)
 
-# Builder of `datasets.load_dataset` for each local file extension.
+# Builder of `datasets.load_dataset` for each local file extension (files.DATA_EXTENSIONS, checked there).
 _FILE_BUILDERS = {
     ".json": ("json", {}),
     ".jsonl": ("json", {}),
@@ -40,15 +41,6 @@ _FILE_BUILDERS = {
 _MAP_BATCH = 1000
 
 
-def _looks_like_local_path(path: str) -> bool:
-    # A missing local file must fail here, not after a retried hub request for a repo of that name.
-    return (
-        os.path.isabs(path)
-        or path.startswith(("./", "../", "~"))
-        or os.path.splitext(path)[1].lower() in _FILE_BUILDERS
-    )
-
-
 def load_raw_dataset(config) -> datasets.Dataset:
     """The configured split, as `datasets.load_dataset` returns it (no tokenization).
 
@@ -57,26 +49,18 @@ def load_raw_dataset(config) -> datasets.Dataset:
     `load_from_disk`); anything else is a hub name: `load_dataset(path, name or None, split=...)`.
     """
     path = os.path.expanduser(config.path)
-    if not path:
-        raise ValueError("data.path is empty; set a hub dataset name or a local file")
+    extension = data_file_extension(config.path)  # a missing local file fails here, not after a hub request
     cache_dir = config.cache_dir or None
     name = config.name or None
-    if os.path.isfile(path):
-        extension = os.path.splitext(path)[1].lower()
-        if extension not in _FILE_BUILDERS:
-            raise ValueError(
-                f"data.path {config.path!r} has extension {extension!r}; expected one of {sorted(_FILE_BUILDERS)}"
-            )
+    if extension is not None:
         builder, builder_kwargs = _FILE_BUILDERS[extension]
         load = lambda: datasets.load_dataset(  # noqa: E731
             builder, data_files={"train": path}, split=config.split, cache_dir=cache_dir, **builder_kwargs
         )
     elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "state.json")):
         load = lambda: datasets.load_from_disk(path)  # noqa: E731
-    elif os.path.isdir(path) or not _looks_like_local_path(config.path):
+    else:  # a directory of data files, or a hub name
         load = lambda: datasets.load_dataset(path, name, split=config.split, cache_dir=cache_dir)  # noqa: E731
-    else:
-        raise ValueError(f"data.path {config.path!r} does not exist")
     try:
         dataset = load()
     except datasets.exceptions.DatasetGenerationError as e:  # a file that does not parse: say where

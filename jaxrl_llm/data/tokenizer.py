@@ -14,6 +14,8 @@ import tokenizers
 from tokenizers import decoders, models
 import transformers
 
+from jaxrl_llm.data.files import check_tokenizer_path
+
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
 BOS_TOKEN = "<bos>"
@@ -56,17 +58,6 @@ def builtin_tokenizer() -> transformers.PreTrainedTokenizerFast:
     )
 
 
-def _looks_like_local_path(path: str) -> bool:
-    # Hub names are "name" or "org/name"; anything absolute or relative-dotted is meant as a local
-    # path, and must not fall through to a (slow, retried) hub request when it does not exist.
-    return os.path.isabs(path) or path.startswith(("./", "../", "~")) or path in (".", "..")
-
-
-# What a Hugging Face tokenizer directory holds (one of them at least): fast, slow and SentencePiece forms.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-
-
 def load_tokenizer(path_or_name: str) -> transformers.PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained(path_or_name)`; the empty string gives `builtin_tokenizer()`.
 
@@ -77,12 +68,7 @@ def load_tokenizer(path_or_name: str) -> transformers.PreTrainedTokenizerBase:
         raise ValueError(f"tokenizer path must be a string, got {type(path_or_name).__name__}")
     if path_or_name == "":
         return builtin_tokenizer()
-    local = os.path.expanduser(path_or_name)
-    if _looks_like_local_path(path_or_name) and not os.path.isdir(local):
-        raise ValueError(f"tokenizer path {path_or_name!r} is not an existing directory")
-    if os.path.isdir(local) and not any(os.path.isfile(os.path.join(local, f)) for f in TOKENIZER_FILES):
-        raise ValueError(f"tokenizer directory {path_or_name!r} holds none of {', '.join(TOKENIZER_FILES)}; "
-                         "set config.tokenizer to the model's tokenizer")
+    check_tokenizer_path(path_or_name)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.expanduser(path_or_name))
     except (OSError, ValueError) as e:

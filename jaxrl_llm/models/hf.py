@@ -194,26 +194,18 @@ def layers_holding(c: ModelConfig, ours: tuple[str, ...]) -> list[int]:
     return [i for i in layers if c.moe_layers[i] == (ours[0] == "moe")]
 
 
-def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool = True,
-                    extra: dict[str, tuple[int, ...]] | None = None, shardings=None):
-    """Reads the decoder parameters [and `extra` HF tensors by name, with their expected shapes].
-
-    Every expected tensor's presence and shape is checked before any array is built. With `shardings`
-    (a pytree of `jax.sharding.Sharding` matching the parameters) each device's slice is read on demand,
-    so a host never holds more than one full layer tensor beyond its own shards.
-    Returns (params, extras) with extras as numpy arrays.
-    """
+def check_checkpoint(path: str, config: ModelConfig, *, with_lm_head: bool = True,
+                     extra: dict[str, tuple[int, ...]] | None = None) -> TensorIndex:
+    """The safetensors checkpoint in `path`, checked from its files' headers alone (no tensor is read):
+    every file complete, every expected tensor of `config` [and `extra`, by name] present with its shape.
+    Returns its index. Cheap enough to run at start-up, before any data or model loads."""
     _check_files_complete(path)
     index = TensorIndex(path)
     expert_entries = moe_hf.expert_entries(config) if config.num_experts else []
     if expert_entries:
         index.alias(moe_hf.fused_aliases(config, set(index.where)))
-    np_dtype = np.dtype(jnp.dtype(dtype))
-    L = config.num_layers
-    layer_entries = _layer_entries(config)
-    top = _top_entries(config, with_lm_head)
-    expected = {name: shape for _, name, shape, _, _ in top}
-    expected.update({f"model.layers.{i}.{suffix}": shape for ours, suffix, shape, _, _ in layer_entries
+    expected = {name: shape for _, name, shape, _, _ in _top_entries(config, with_lm_head)}
+    expected.update({f"model.layers.{i}.{suffix}": shape for ours, suffix, shape, _, _ in _layer_entries(config)
                      for i in layers_holding(config, ours)})
     expected.update({f"model.layers.{i}.{suffix}": shape for ours, suffixes, shape, _, _ in expert_entries
                      for suffix in suffixes for i in layers_holding(config, ours)})
@@ -224,6 +216,24 @@ def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool
         got = index.shape(name)
         if got != tuple(shape):
             raise CheckpointError(f"{path}: tensor {name} has shape {got}, expected {tuple(shape)}")
+    return index
+
+
+def read_checkpoint(path: str, config: ModelConfig, dtype, *, with_lm_head: bool = True,
+                    extra: dict[str, tuple[int, ...]] | None = None, shardings=None):
+    """Reads the decoder parameters [and `extra` HF tensors by name, with their expected shapes].
+
+    Every expected tensor's presence and shape is checked before any array is built. With `shardings`
+    (a pytree of `jax.sharding.Sharding` matching the parameters) each device's slice is read on demand,
+    so a host never holds more than one full layer tensor beyond its own shards.
+    Returns (params, extras) with extras as numpy arrays.
+    """
+    index = check_checkpoint(path, config, with_lm_head=with_lm_head, extra=extra)
+    expert_entries = moe_hf.expert_entries(config) if config.num_experts else []
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    L = config.num_layers
+    layer_entries = _layer_entries(config)
+    top = _top_entries(config, with_lm_head)
 
     params: dict[str, Any] = {}
     specs = []  # (path, our full shape, callback giving the array for an index)
@@ -332,6 +342,12 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
+def check_replaceable(path: str) -> None:
+    """`atomic_directory(path, ...)` may write there: `path` is a directory or does not exist."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FileExistsError(f"{os.path.abspath(path)} exists and is not a directory; refusing to replace it")
+
+
 def atomic_directory(path: str, write: Callable[[str], None]):
     """Runs write(tmp_dir) in a sibling temp dir, then renames it to `path` (replacing an old one).
 
@@ -342,8 +358,7 @@ def atomic_directory(path: str, write: Callable[[str], None]):
     """
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{path} exists and is not a directory; refusing to replace it")
+    check_replaceable(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:

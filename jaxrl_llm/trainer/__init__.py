@@ -7,12 +7,24 @@
   state     TrainState, optimizers, the UpdatePlan that keys the compiled steps
   report    metrics, samples and FLOPs of a step
   workdir   the run directory: checks and the files that describe the run
+  preflight the local files a run reads, checked before anything loads
 """
-from jaxrl_llm.trainer.loop import Trainer
-from jaxrl_llm.trainer.rollout import Rollouts
-from jaxrl_llm.trainer.state import OptimizerSpec, TrainState, UpdatePlan, make_optimizer
-from jaxrl_llm.trainer.steps import StepFunctions, step_functions
-from jaxrl_llm.trainer.workdir import RESUMABLE_FIELDS
+import importlib
 
-__all__ = ["RESUMABLE_FIELDS", "OptimizerSpec", "Rollouts", "StepFunctions", "TrainState", "Trainer", "UpdatePlan",
-           "make_optimizer", "step_functions"]
+_EXPORTS = {"Trainer": "loop", "Rollouts": "rollout", "OptimizerSpec": "state", "TrainState": "state",
+            "UpdatePlan": "state", "make_optimizer": "state", "StepFunctions": "steps", "step_functions": "steps",
+            "RESUMABLE_FIELDS": "workdir"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):  # names are imported on first use: `trainer.preflight` loads without the trainer
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"jaxrl_llm.trainer.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxrl_llm.trainer' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

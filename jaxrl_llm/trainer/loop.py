@@ -43,7 +43,8 @@ from jaxrl_llm.models.config import config_to_hf_dict
 from jaxrl_llm.preemption import Preempted, StopSignals
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.rewards import check_reward_parameters
-from jaxrl_llm.trainer import adapters, async_rollout, diagnose, feedback, report, reward_check, setup, teacher
+from jaxrl_llm.trainer import (adapters, async_rollout, diagnose, feedback, preflight, report, reward_check, setup,
+                               teacher)
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trainer.packs import Packer
@@ -73,6 +74,7 @@ class Trainer:
                  rewards: Sequence[Any] | Callable[..., Any] | str | None = None, dataset: Any = None, devices=None):
         t0 = time.perf_counter()
         c, callables, rows = python_inputs(config, rewards, dataset)
+        preflight.check_inputs(c, rows_given=rows is not None)  # the files, before anything loads
         self.c, self.workdir = c, workdir
         self.objective, self.plan = Objective.from_config(c), UpdatePlan.from_config(c)
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.

@@ -31,6 +31,7 @@ from jaxrl_llm.models.kernels import check_attention, explain_attention
 from jaxrl_llm.rewards import UserReward, get_reward_fn
 from jaxrl_llm.rl import Objective
 from jaxrl_llm.trainer.adapters import model_fields
+from jaxrl_llm.trainer.preflight import local_model_dir
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,9 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------- model and tokenizer
 def resolve_model_path(path: str) -> str:
     """A local directory as is; otherwise a hub name, downloaded (weights, configs, tokenizer) once."""
-    if os.path.isdir(path):
-        return path
-    if path.startswith(("/", ".", "~")) or os.path.exists(path):
-        raise FileNotFoundError(f"model.path {path!r} is not a directory")
+    local = local_model_dir(path)
+    if local:
+        return local
     try:
         from huggingface_hub import snapshot_download
         return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
@@ -91,9 +91,6 @@ def load_model_config(c: ml_collections.ConfigDict):
     else:
         tokenizer = load_tokenizer(c.tokenizer)
         mc = builtin_model_config(c, tokenizer)
-    if c.value.enabled and c.value.init != "policy" and not os.path.isdir(c.value.init):
-        raise FileNotFoundError(f"config.value.init {c.value.init!r} is neither 'policy' nor a directory (a Hugging "
-                                "Face *ForSequenceClassification model)")
     eos_ids = eos_ids_of(model_path, tokenizer, mc)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0])
     if c.data.max_prompt_length + c.rollout.max_new_tokens > mc.max_position_embeddings:

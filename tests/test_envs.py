@@ -105,6 +105,61 @@ def test_batch_runner_matches_a_plain_loop(workers):
     assert m["env/tool_calls/mean"] == pytest.approx(np.mean(calls))
 
 
+class ThreadLog(Environment):
+    """Records which thread ran each step and how many ran at once. A step of a row in `slow` takes
+    10 ms on `clock` (what the runner reads) and sleeps 30 ms (so that steps can overlap); the others
+    take no time on `clock`, whatever the host's load."""
+
+    def __init__(self, clock, slow=()):
+        import threading
+        self.clock, self.slow, self.lock = clock, set(slow), threading.Lock()
+        self.running, self.most, self.threads = 0, 0, {}
+
+    def reset(self, row):
+        return row["q"], row["q"]
+
+    def step(self, state, text):
+        import threading
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.clock.now += 0.01 if state in self.slow else 0.0
+        self.threads.setdefault(state, []).append(threading.get_ident())
+        time.sleep(0.03 if state in self.slow else 0.0)
+        with self.lock:
+            self.running -= 1
+        return StepResult("ok", 1.0, state)
+
+
+def test_fast_steps_run_in_the_calling_thread_and_slow_ones_side_by_side(monkeypatch):
+    """A thread hand-off costs more than a simple environment's step: such steps run in the caller's
+    thread and no pool starts. From the first step slower than INLINE_STEP_S on, the turn's remaining rows
+    (and every later turn's) run on the pool, several at once; the results are the same either way."""
+    import threading
+    import types
+
+    from jaxrl_llm.envs import runner
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    rows = [{"q": f"r{i}"} for i in range(12)]
+    fast = ThreadLog(clock)
+    with EpisodeBatch(fast, rows, max_turns=2, max_workers=4) as batch:
+        assert batch.step(["x"] * 12) == ["ok"] * 12
+        batch.step(["x"] * 12)
+        assert batch._pool is None and batch.done.all()
+    assert {t for ts in fast.threads.values() for t in ts} == {threading.get_ident()} and fast.most == 1
+    slow = ThreadLog(clock, slow={"r2", "r5", "r6", "r7", "r8"})
+    with EpisodeBatch(slow, rows, max_turns=2, max_workers=4) as batch:
+        batch.step(["x"] * 12)
+        batch.step(["x"] * 12)
+        assert [r for r in batch.turn_rewards] == [[1.0, 1.0]] * 12 and batch.done.all()
+    caller = threading.get_ident()
+    assert [slow.threads[f"r{i}"][0] for i in range(3)] == [caller] * 3  # up to the first slow step
+    assert all(slow.threads[f"r{i}"][0] != caller for i in range(3, 12))  # then the pool
+    assert all(ts[1] != caller for ts in slow.threads.values())  # and the next turn from its start
+    assert slow.most >= 2  # the slow steps overlapped
+
+
 def test_batch_runner_stops_rows_that_cannot_continue_and_keeps_chat_history():
     rows = [{"q": "a"}, {"q": "b"}]
     with EpisodeBatch(CountEnv(chat=True), rows, max_turns=5, max_workers=1) as batch:
@@ -220,6 +275,28 @@ def test_observation_ids_equal_a_single_shot_encoding_of_the_rendered_episode(to
     # the turn cut by the per-turn budget: the observation's ids re-open with the turn-end token
     cut = envs.observation_ids(tok, HISTORY, TURN, observation, turn_ended=False)
     assert cut == [tok.convert_tokens_to_ids(end)] + obs
+
+
+def test_batched_encodings_equal_one_call_per_text(tok):
+    """The rollout encodes a batch's prompts and observations in one tokenizer call each: the same ids as
+    `encode` of each text alone (special-token strings, empty and long texts included)."""
+    texts = ["", "Thanks; now Oslo please.", "<|im_end|><|eot_id|> forged", "x" * 300, TURN, "é漢字 🙂\n\tend"]
+    for special in (False, True):
+        assert envs.encode_all(tok, texts, special) == [tok.encode(t, add_special_tokens=special) for t in texts]
+    prompts = ["What is 2+2?", HISTORY, [{"role": "user", "content": "<|im_end|> hi"}], "", HISTORY]
+    rendered = lambda p: tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+    assert envs.prompts_ids(tok, prompts) == [tok.encode(p) if isinstance(p, str) else
+                                              tok.encode(rendered(p), add_special_tokens=False) for p in prompts]
+    assert envs.encode_all(tok, []) == [] and envs.prompts_ids(tok, []) == []
+
+
+def test_batched_encodings_of_the_builtin_tokenizer():
+    """The same for the built-in tokenizer (the built-in multi-turn task's), which splits special tokens."""
+    tok = builtin_tokenizer()
+    texts = ["", "7", "<eos>3<pad>", "max(3,9)=9 " * 20]
+    for special in (False, True):
+        assert envs.encode_all(tok, texts, special) == [tok.encode(t, add_special_tokens=special) for t in texts]
+    assert envs.prompts_ids(tok, texts) == [tok.encode(t) for t in texts]
 
 
 def test_the_model_tokens_are_never_reencoded(tok):

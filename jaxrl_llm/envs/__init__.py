@@ -5,6 +5,8 @@
   EpisodeBatch                       runs an environment for all rows of a batch (thread pool, errors, metrics)
   observation_ids, prompt_ids,       token-in-token-out: the ids to append after a model turn, never a
   turn_end_ids, Trajectory             re-encoding of what the model generated; the model/environment mask
+  observation_text, prompts_ids,     the same for a whole batch: the texts, then one encoding call
+  encode_all
   ToolEnvironment, parse_tool_calls  tool calling (Hermes/Qwen and Llama 3 formats), the sandboxed Python tool
   GuessDigitEnv                      `guess_digit`: the built-in task only feedback can solve
 
@@ -15,12 +17,13 @@ from jaxrl_llm.envs.base import Environment, StepResult
 from jaxrl_llm.envs.guess import GuessDigitEnv, feedback_free_bound, feedback_optimum
 from jaxrl_llm.envs.registry import check_env_name, make_env, register_env, registered_envs
 from jaxrl_llm.envs.runner import EpisodeBatch, as_messages
-from jaxrl_llm.envs.tokens import (TemplateDrift, Trajectory, observation_ids, prompt_ids, stop_string_cut,
-                                   turn_end_ids, turn_end_text)
+from jaxrl_llm.envs.tokens import (TemplateDrift, Trajectory, encode_all, observation_ids, observation_text,
+                                   prompt_ids, prompts_ids, stop_string_cut, turn_end_ids, turn_end_text)
 from jaxrl_llm.envs.toolcalls import ToolCall, parse_tool_calls
 from jaxrl_llm.envs.tools import ToolEnvironment, make_python_tool, tool_schema
 
 __all__ = ["Environment", "EpisodeBatch", "GuessDigitEnv", "StepResult", "TemplateDrift", "ToolCall",
-           "ToolEnvironment", "Trajectory", "as_messages", "check_env_name", "feedback_free_bound",
-           "feedback_optimum", "make_env", "make_python_tool", "observation_ids", "parse_tool_calls", "prompt_ids",
-           "register_env", "registered_envs", "stop_string_cut", "tool_schema", "turn_end_ids", "turn_end_text"]
+           "ToolEnvironment", "Trajectory", "as_messages", "check_env_name", "encode_all", "feedback_free_bound",
+           "feedback_optimum", "make_env", "make_python_tool", "observation_ids", "observation_text",
+           "parse_tool_calls", "prompt_ids", "prompts_ids", "register_env", "registered_envs", "stop_string_cut",
+           "tool_schema", "turn_end_ids", "turn_end_text"]

@@ -1,5 +1,5 @@
 """Runs an environment for all rows of a batch: resets, one `step` per active row per turn (in a
-thread pool, for slow tools), the turn limit, errors and the `env/*` metrics.
+thread pool once a step proves slow: tools), the turn limit, errors and the `env/*` metrics.
 
 Errors: an exception raised by `reset` is the environment's bug on a data row and stops the run (a
 one-line ValueError naming the row). An exception raised by `step`, or a malformed return (an
@@ -12,12 +12,18 @@ them in `info["errors"]`, which count in `env/errors/mean` too.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxrl_llm.envs.base import Observation, StepResult, check_observation, check_reward
+
+# A row's step that returns within this runs the next one in the calling thread: handing a step to a pool
+# thread costs tens of microseconds under the GIL, more than a simple environment's whole step (the
+# built-in guess_digit's takes a few). The first slower step sends the turn's remaining rows to the pool.
+INLINE_STEP_S = 1e-3
 
 
 def as_messages(obs: Observation) -> list[dict]:
@@ -61,7 +67,8 @@ class EpisodeBatch:
         self.tool_calls = np.zeros(n, np.int32)
         self.turn_rewards: list[list[float | None]] = [[] for _ in range(n)]
         self.last_error: list[str] = [""] * n
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers) if max_workers > 1 else None
+        self.max_workers = max_workers
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # started by the first slow step
 
     def close(self) -> None:
         if self._pool is not None:
@@ -86,8 +93,7 @@ class EpisodeBatch:
         for i in active:
             if not isinstance(turn_texts[i], str):
                 raise ValueError(f"episode {i} is active but its turn text is {turn_texts[i]!r:.40}")
-        run = (self._pool.map if self._pool is not None else map)
-        results = list(run(lambda i: self._step_one(i, turn_texts[i]), active))
+        results = self._run(active, turn_texts)
         out: list[Observation] = [None] * n
         stop = cannot_continue if cannot_continue is not None else [False] * n
         for i, (result, error) in zip(active, results):
@@ -111,6 +117,21 @@ class EpisodeBatch:
                 self.history[i].extend(as_messages(result.observation))
             out[i] = result.observation
         return out
+
+    def _run(self, active: list[int], turn_texts: Sequence[str | None]) -> list:
+        """`_step_one` of each active row, in order: in this thread while steps return within INLINE_STEP_S;
+        from the first slower one on (in this turn and the later ones) on the pool, `max_workers` at a time."""
+        step = lambda j: self._step_one(j, turn_texts[j])
+        results, k = [], 0
+        while self._pool is None and k < len(active):
+            start = time.perf_counter()
+            results.append(step(active[k]))
+            k += 1
+            if self.max_workers > 1 and time.perf_counter() - start > INLINE_STEP_S:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.max_workers)
+        if self._pool is not None:
+            results += self._pool.map(step, active[k:])
+        return results
 
     def _step_one(self, i: int, text: str) -> tuple[StepResult | None, str | None]:
         try:

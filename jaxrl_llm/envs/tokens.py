@@ -76,29 +76,51 @@ def neutralize_specials(tokenizer, text: str) -> str:
     return text
 
 
+def encode_all(tokenizer, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+    """`tokenizer.encode(t, add_special_tokens=...)` of each text, in one call of the tokenizer (a fast
+    tokenizer encodes the batch in Rust: a batch's episodes need no Python call per row)."""
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"]]
+
+
 def prompt_ids(tokenizer, prompt: str | Sequence[dict], tools: list[dict] | None = None) -> list[int]:
     """Ids of an episode's initial prompt: messages through the chat template (with the generation
     prompt and the tools), a text as the tokenizer encodes it."""
-    if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt))
-    return list(tokenizer.encode(_render(tokenizer, prompt, tools, True), add_special_tokens=False))
+    return prompts_ids(tokenizer, [prompt], tools)[0]
+
+
+def prompts_ids(tokenizer, prompts: Sequence[str | Sequence[dict]],
+                tools: list[dict] | None = None) -> list[list[int]]:
+    """`prompt_ids` of each prompt, encoded in (at most) two batched calls: the texts, the rendered chats."""
+    texts = iter(encode_all(tokenizer, [p for p in prompts if isinstance(p, str)], add_special_tokens=True))
+    chats = iter(encode_all(tokenizer, [_render(tokenizer, p, tools, True) for p in prompts
+                                        if not isinstance(p, str)]))
+    return [next(texts) if isinstance(p, str) else next(chats) for p in prompts]
 
 
 def observation_ids(tokenizer, history: Sequence[dict] | None, turn_text: str, observation: Observation, *,
                     tools: list[dict] | None = None, turn_ended: bool = True) -> list[int]:
-    """The ids to append after a model turn: the observation and, in a chat, the template's framing
-    around it up to the next assistant generation prompt.
+    """The ids to append after a model turn: the encoded `observation_text` (see there)."""
+    return encode_all(tokenizer, [observation_text(tokenizer, history, turn_text, observation, tools=tools,
+                                                   turn_ended=turn_ended)])[0]
+
+
+def observation_text(tokenizer, history: Sequence[dict] | None, turn_text: str, observation: Observation, *,
+                     tools: list[dict] | None = None, turn_ended: bool = True) -> str:
+    """The text whose ids are appended after a model turn (encoded without special tokens): the
+    observation and, in a chat, the template's framing around it up to the next assistant generation prompt.
 
     history: the messages before the turn (None: a text episode, the observation text is encoded as is).
     turn_text: the model's turn, decoded (only to render the template; its ids are never re-encoded).
     turn_ended: whether the model's ids end with the turn-end token; False (the per-turn budget cut the
-      turn) makes the returned ids start with that token, so that the next turn starts in a closed one.
+      turn) makes the text start with that token, so that the next turn starts in a closed one.
     Raises TemplateDrift if the template renders the history differently once the observation follows.
     """
     if history is None:
         if not isinstance(observation, str):
             raise ValueError("a text episode (no chat messages) needs text observations, got messages")
-        return list(tokenizer.encode(observation, add_special_tokens=False))
+        return observation
     obs = [{**m, "content": neutralize_specials(tokenizer, m["content"])} for m in as_messages(observation)]
     turn = [*history, {"role": "assistant", "content": turn_text}]
     before = _render(tokenizer, turn, tools, False)
@@ -112,7 +134,7 @@ def observation_ids(tokenizer, history: Sequence[dict] | None, turn_text: str, o
     pos = before.rfind(end)
     if pos < 0 or pos < before.rfind(turn_text):
         raise ValueError(f"the rendered assistant turn does not end with {end!r}")
-    return list(tokenizer.encode(after[pos + len(end) if turn_ended else pos:], add_special_tokens=False))
+    return after[pos + len(end) if turn_ended else pos:]
 
 
 @dataclasses.dataclass

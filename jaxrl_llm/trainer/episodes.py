@@ -4,8 +4,9 @@
 The device holds each row's KV cache across turns; the host runs the environment between them. Per turn:
 `turns.decode_turn` decodes every active row until the chat template's turn-end token, EOS or the
 per-turn budget. The ids the model sampled are kept as sampled; the turn's text is decoded only for the
-environment. Then the environment replies, the reply's ids come from `envs.observation_ids` (the chat
-template's suffix after the model's turn), and `turns.append` prefills them into the row's cache. No
+environment. Then the environment replies, the reply's ids are those of `envs.observation_ids` (the chat
+template's suffix after the model's turn; the batch's texts are encoded in one tokenizer call), and
+`turns.append` prefills them into the row's cache. No
 text the model generated is ever re-encoded, so the trainer's teacher-forced log-probs on these tokens
 equal the sampler's (tests/test_envs_rollout.py). tests/episodes_reference.py re-prefills each turn with
 the single-turn sampler instead: its greedy episodes are the same (tests/test_sampling_turns.py).
@@ -85,7 +86,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
     episode_end = {tokenizer.eos_token_id} - {turn_end}
     with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers) as batch:
         tools = env.tool_schemas() if hasattr(env, "tool_schemas") else None
-        prompts = [envs.prompt_ids(tokenizer, p, tools) for p in batch.prompts]
+        prompts = envs.prompts_ids(tokenizer, batch.prompts, tools)
         _check_groups(env, prompts, group_size)
         n = len(prompts)  # this process's rows; the device state holds every process's
         trajs = [envs.Trajectory(max_new_tokens) for _ in prompts]
@@ -148,13 +149,14 @@ def _observations(tokenizer, tools, batch, observations, history, turn_texts, en
     """Each row's observation ids ([] for none), added to its trajectory; an observation that does not fit
     the budget ends its episode, truncated."""
     out: list[list[int]] = [[] for _ in observations]
-    for i, obs in enumerate(observations):
-        if obs is not None:
-            ids = envs.observation_ids(tokenizer, history[i], turn_texts[i], obs, tools=tools, turn_ended=ended[i])
-            if trajs[i].add_env(ids):
-                out[i] = ids
-            else:
-                batch.done[i] = truncated[i] = True
+    rows = [i for i, obs in enumerate(observations) if obs is not None]
+    texts = [envs.observation_text(tokenizer, history[i], turn_texts[i], observations[i], tools=tools,
+                                   turn_ended=ended[i]) for i in rows]
+    for i, ids in zip(rows, envs.encode_all(tokenizer, texts)):  # one tokenizer call for the batch's rows
+        if trajs[i].add_env(ids):
+            out[i] = ids
+        else:
+            batch.done[i] = truncated[i] = True
     return out
 
 

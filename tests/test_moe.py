@@ -73,6 +73,13 @@ def test_transformers_4x_config_and_5x_fused_experts_load_the_same(moe_model, tm
     save_file(state, os.path.join(fused, "model.safetensors"), metadata={"format": "pt"})
     _, params_fused = load_hf(fused)
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, params_fused)
+    # The start-up check reads the per-expert shapes of the fused tensors without reading them.
+    from jaxrl_llm.models import hf, moe_hf
+    index = hf.TensorIndex(fused)
+    index.alias(moe_hf.fused_aliases(config, set(index.where)))
+    want = {name: index.read(name).shape for name in index.aliases}
+    index.read = None  # any read now fails
+    assert want and {name: index.shape(name) for name in index.aliases} == want
 
 
 def _dense_reference(x, router, gate, up, down, k, norm):

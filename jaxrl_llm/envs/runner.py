@@ -22,7 +22,7 @@ from jaxrl_llm.envs.base import Observation, StepResult, check_observation, chec
 
 # A row's step that returns within this runs the next one in the calling thread: handing a step to a pool
 # thread costs tens of microseconds under the GIL, more than a simple environment's whole step (the
-# built-in guess_digit's takes a few). The first slower step sends the turn's remaining rows to the pool.
+# built-in guess_digit's takes a few). The first slower step sends the rest of the batch's steps to the pool.
 INLINE_STEP_S = 1e-3
 
 

@@ -6,10 +6,10 @@ The device holds each row's KV cache across turns; the host runs the environment
 per-turn budget. The ids the model sampled are kept as sampled; the turn's text is decoded only for the
 environment. Then the environment replies, the reply's ids are those of `envs.observation_ids` (the chat
 template's suffix after the model's turn; the batch's texts are encoded in one tokenizer call), and
-`turns.append` prefills them into the row's cache. No
-text the model generated is ever re-encoded, so the trainer's teacher-forced log-probs on these tokens
-equal the sampler's (tests/test_envs_rollout.py). tests/episodes_reference.py re-prefills each turn with
-the single-turn sampler instead: its greedy episodes are the same (tests/test_sampling_turns.py).
+`turns.append` prefills them into the row's cache. No text the model generated is ever re-encoded, so the
+trainer's teacher-forced log-probs on these tokens equal the sampler's (tests/test_envs_rollout.py).
+tests/episodes_reference.py re-prefills each turn with the single-turn sampler instead (and encodes each
+observation alone): its greedy episodes are the same (tests/test_sampling_turns.py).
 
 Several processes: each runs the environments of its own rows (its block of the batch) and keeps their
 trajectories; the device state holds every process's rows. Before each call the hosts gather what the

@@ -33,7 +33,6 @@ def export(workdir: str, out: str, step: int | None = None, dtype: str = "", ada
     """Writes checkpoint `step` (default: latest) of `workdir` to `out` [and its LoRA adapter to
     `adapter_out`]; returns the step exported."""
     from jaxrl_llm.checkpoint import Checkpointer
-    from jaxrl_llm.models.hf import check_replaceable
 
     wd = epath.Path(workdir)
     config_file = wd / "model_config.json"
@@ -45,7 +44,7 @@ def export(workdir: str, out: str, step: int | None = None, dtype: str = "", ada
     targets = [out, adapter_dir(out, adapter_out)] if _lora_run(wd) else [out]
     for target in targets:  # refused before anything is read, not after the checkpoint is restored
         if not fs.is_url(target):
-            check_replaceable(target)
+            fs.check_replaceable(target)
     # The rest (transformers, the trainer's modules) is imported once the cheap checks have passed.
     from transformers import AutoTokenizer
 

@@ -290,22 +290,22 @@ def _write_files(names, fail_after=None):
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
 def test_atomic_directory_replaces_or_keeps_never_mixes(tmp_path, monkeypatch, exchange):
-    from jaxrl_llm.models import hf
+    from jaxrl_llm import fs
     if not exchange:  # the portable path (no RENAME_EXCHANGE: macOS, some network filesystems)
-        monkeypatch.setattr(hf, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(fs, "_exchange", lambda a, b: False)
     out = tmp_path / "export"
     with pytest.raises(OSError, match="disk full"):  # a first export that fails: nothing at all
-        hf.atomic_directory(str(out), _write_files(["a", "b"], fail_after=1))
+        fs.atomic_directory(str(out), _write_files(["a", "b"], fail_after=1))
     assert os.listdir(tmp_path) == []
-    hf.atomic_directory(str(out), _write_files(["a", "b"]))
+    fs.atomic_directory(str(out), _write_files(["a", "b"]))
     with pytest.raises(OSError, match="disk full"):  # a failing replacement: the old one, unchanged
-        hf.atomic_directory(str(out), _write_files(["c", "d"], fail_after=1))
+        fs.atomic_directory(str(out), _write_files(["c", "d"], fail_after=1))
     assert sorted(os.listdir(out)) == ["a", "b"] and os.listdir(tmp_path) == ["export"]
-    hf.atomic_directory(str(out), _write_files(["c"]))  # a successful one replaces it whole
+    fs.atomic_directory(str(out), _write_files(["c"]))  # a successful one replaces it whole
     assert os.listdir(out) == ["c"] and os.listdir(tmp_path) == ["export"]
     (tmp_path / "file").write_text("keep me")
     with pytest.raises(FileExistsError, match="exists and is not a directory"):
-        hf.atomic_directory(str(tmp_path / "file"), _write_files(["a"]))
+        fs.atomic_directory(str(tmp_path / "file"), _write_files(["a"]))
     assert (tmp_path / "file").read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["export", "file"]
 
 

@@ -6,12 +6,8 @@ entry converts one HF tensor to our per-layer layout and back, so a load -> save
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Callable
 
 import jax
@@ -21,6 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_llm import faults
+from jaxrl_llm.fs import atomic_directory
 from jaxrl_llm.models import lora, moe_hf
 from jaxrl_llm.models.config import ModelConfig, config_to_hf_dict, read_hf_config
 
@@ -327,55 +324,6 @@ def _generation_config(config: ModelConfig) -> dict[str, Any]:
     eos = list(config.eos_token_id)
     return {"bos_token_id": config.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
             "pad_token_id": config.pad_token_id, "do_sample": True}
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swaps two existing paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # kernel or filesystem without the flag
-        return False
-    raise OSError(err, os.strerror(err), b)
-
-
-def check_replaceable(path: str) -> None:
-    """`atomic_directory(path, ...)` may write there: `path` is a directory or does not exist."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{os.path.abspath(path)} exists and is not a directory; refusing to replace it")
-
-
-def atomic_directory(path: str, write: Callable[[str], None]):
-    """Runs write(tmp_dir) in a sibling temp dir, then renames it to `path` (replacing an old one).
-
-    An interrupted write leaves only a hidden `.NAME.tmp-*` sibling, never a `path` that looks complete;
-    an old `path` is swapped out in one atomic exchange (Linux), so a kill at any moment leaves either
-    the old directory or the new one at `path`. Elsewhere the swap is two renames, and a kill between
-    them leaves the old directory under `.NAME.old-*/x`.
-    """
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    check_replaceable(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    try:
-        write(tmp)
-        if not os.path.exists(path):
-            os.rename(tmp, path)
-        elif _exchange(tmp, path):  # tmp now holds the old directory
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
-            os.rename(path, os.path.join(old, "x"))
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_hf(path: str, config: ModelConfig, params, *, tokenizer=None, dtype=None,

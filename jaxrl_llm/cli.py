@@ -1,4 +1,4 @@
-"""Shared command-line behaviour: logging setup and one-line errors."""
+"""Shared command-line behaviour: logging setup, one-line errors and the compilation cache."""
 from __future__ import annotations
 
 import inspect
@@ -35,6 +35,35 @@ def _drop_closed_loop_callbacks(hook):
             return  # a callback into the closed loop, or an abandoned read's coroutine being finalized
         hook(unraisable)
     return filtered
+
+
+def use_compilation_cache(config, prog: str) -> str:
+    """Points JAX's persistent compilation cache at `config.compilation_cache.dir` (made if missing;
+    `$XDG_CACHE_HOME` replaces a leading ~/.cache), at most `max_gb`, least recently used programs evicted
+    first. JAX_COMPILATION_CACHE_DIR, when set, wins (JAX reads it itself) and "" turns it off. A directory
+    that cannot be made is one warning, and the run goes on compiling everything. Call before the first
+    compilation; returns the directory in use ('' for none)."""
+    import jax
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    directory = config.compilation_cache.dir
+    if not directory:
+        return ""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and directory.startswith("~/.cache/"):
+        directory = os.path.join(xdg, directory[len("~/.cache/"):])
+    directory = os.path.abspath(os.path.expanduser(directory))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        print(f"{prog}: warning: compilation_cache.dir {directory} cannot be used ({e.strerror or e}): every "
+              "program is compiled afresh (--config.compilation_cache.dir= to turn the cache off)", file=sys.stderr)
+        return ""
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_compilation_cache_max_size", int(config.compilation_cache.max_gb * 2**30))
+    return directory
 
 
 def flags_parser(prog: str):

@@ -233,6 +233,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.export.dtype = ""  # "" = parameter dtype, or e.g. "bfloat16"
     c.export.plot = True  # PNG of reward, KL and length curves at the end
 
+    # JAX's persistent compilation cache, set by the command lines (train, evaluate) only: a rerun, a resume
+    # or another run at the same shapes reads its programs instead of compiling them (programs that compile
+    # in under a second are not kept). From Python: jax.config.update("jax_compilation_cache_dir", DIR).
+    c.compilation_cache = ml_collections.ConfigDict()
+    c.compilation_cache.dir = "~/.cache/jaxrl_llm/jax"  # "" = off; $XDG_CACHE_HOME replaces ~/.cache; JAX_COMPILATION_CACHE_DIR wins
+    c.compilation_cache.max_gb = 10.0  # beyond this the least recently used programs are evicted
+
     c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
     c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
     c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task

@@ -11,7 +11,7 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxrl_llm.cli import flags_parser, run_cli, setup_logging
+from jaxrl_llm.cli import flags_parser, run_cli, setup_logging, use_compilation_cache
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file: configs/FILE.py[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of checkpoints, metrics, samples and the export.")
@@ -32,6 +32,7 @@ def main(argv):
             raise ValueError("--config is required, e.g. --config=configs/tiny.py")
         from jaxrl_llm import config as config_lib
         config = config_lib.prepare(_CONFIG.value)  # a bad field fails before the cluster and the models load
+        use_compilation_cache(config, "jaxrl_llm.train")
         from jaxrl_llm.trainer import preflight
         preflight.check_inputs(config)  # and a bad file, before the trainer's imports (datasets, transformers)
         from jaxrl_llm import distributed

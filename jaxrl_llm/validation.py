@@ -303,6 +303,8 @@ def _validate_io(c) -> None:
     _check(c, "log.wandb", lambda v: isinstance(v, bool), "True or False")
     for f in ("wandb_project", "wandb_name", "wandb_entity"):
         _check(c, "log." + f, lambda v: isinstance(v, str), "a string")
+    _check(c, "compilation_cache.dir", lambda v: isinstance(v, str), "a directory path, or '' (off)")
+    _check(c, "compilation_cache.max_gb", lambda v: _is_num(v) and v > 0, "a number of GB > 0")
     _check(c, "export.dtype", lambda v: v in ("", "float32", "bfloat16", "float16"), "'', float32, bfloat16 or float16")
     _check(c, "reward.on_error", lambda v: v in ("raise", "zero"), "raise or zero")
     _check(c, "reward.self_test", lambda v: v in ("warn", "error", "off"), "warn, error or off")

@@ -86,7 +86,7 @@ def test_a_typo_inside_a_config_file_fails_the_cli_before_anything_loads(tmp_pat
     ("rollout.gruop_size", "unknown config field 'rollout.gruop_size'; did you mean 'rollout.group_size'?"),
     ("rolout.group_size", "unknown config field 'rolout'; did you mean 'rollout'?"),
     ("total_step", "unknown config field 'total_step'; did you mean 'total_steps'?"),
-    ("vision.patch", "unknown config field 'vision' (no such section; sections: advantage, checkpoint, correction,"),
+    ("vision.patch", "unknown config field 'vision' (no such section; sections: advantage, checkpoint, compilation_cache, correction,"),
     ("rollout.xyzzy", "unknown config field 'rollout.xyzzy' (fields of rollout: batch_prompts, compute_dtype,"),
     ("seed.x", "config field 'seed' is a value, not a section: no field 'seed.x'"),
     ("rollout", "'rollout' is a section, not a field (its fields: batch_prompts,"),

@@ -61,22 +61,67 @@ def test_chat_template_dataset_needs_jinja2(tmp_path):
     assert proc.returncode != 0 and "jinja2" in proc.stderr, proc.stderr[-2000:]
 
 
+def _cache_entries(directory) -> set[str]:
+    return {n for n in os.listdir(directory) if not n.startswith(".")} if os.path.isdir(directory) else set()
+
+
 def test_readme_first_command_on_a_chat_dataset_without_torch(tmp_path):
     """The README's first command with a chat-template JSONL dataset, on an interpreter without PyTorch:
-    it trains, prints no transformers warning about PyTorch, and ends with the run's summary."""
+    it trains, prints no transformers warning about PyTorch, and ends with the run's summary. It keeps its
+    compiled programs in the default compilation cache (under $XDG_CACHE_HOME here), and the same command
+    in another workdir compiles nothing new: every program is read back."""
     tok, data = _chat_dataset(tmp_path)
-    control = _python_without("torch", "import transformers\n", [], fr.cli_env(tmp_path / "cache"))
+    env = fr.cli_env(None, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    del env["JAX_COMPILATION_CACHE_DIR"]  # the config's default applies (JAX's variable would win)
+    cache = tmp_path / "xdg" / "jaxrl_llm" / "jax"
+    control = _python_without("torch", "import transformers\n", [], env)
     assert TORCH_WARNING in control.stderr  # the interpreter does hide torch from transformers
     wd = tmp_path / "run"
-    args = fr.train_args(wd, total_steps=1, tokenizer=tok, data__task="", data__path=data,
-                         data__prompt_column="messages", data__use_chat_template=True, data__max_prompt_length=64,
-                         model__max_position_embeddings=128,
-                         reward__completion_format="text")  # the fixture's reward reads strings, not TRL's messages
-    proc = subprocess.run([sys.executable, "-c", RUN_MODULE, "torch", "jaxrl_llm.train", *args], capture_output=True,
-                          text=True, env=fr.cli_env(tmp_path / "cache"), cwd=fr.ROOT, timeout=600)
+    fields = dict(total_steps=1, tokenizer=tok, data__task="", data__path=data, data__prompt_column="messages",
+                  data__use_chat_template=True, data__max_prompt_length=64, model__max_position_embeddings=128,
+                  reward__completion_format="text")  # the fixture's reward reads strings, not TRL's messages
+    proc = subprocess.run([sys.executable, "-c", RUN_MODULE, "torch", "jaxrl_llm.train", *fr.train_args(wd, **fields)],
+                          capture_output=True, text=True, env=env, cwd=fr.ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert TORCH_WARNING not in output
     assert "chat template: True" in proc.stderr  # the prompts went through the template
     assert (wd / "DONE").read_text().strip() == "1"
     assert "trained steps 1-1 of 1" in proc.stdout and str(wd / "checkpoints" / "1") in proc.stdout
+    first = _cache_entries(cache)
+    assert len(first) >= 4, first  # the sampler, score, prepare and update programs at least
+    again = fr.run_cli("train", fr.train_args(tmp_path / "again", **fields), env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _cache_entries(cache) == first
+
+
+def test_compilation_cache_directory_from_the_config_or_the_environment(tmp_path, monkeypatch, capsys):
+    """The command lines' cache: JAX_COMPILATION_CACHE_DIR wins, "" is off, $XDG_CACHE_HOME moves the
+    default, a directory that cannot be made is one warning and no cache (the run goes on)."""
+    import jax
+
+    from jaxrl_llm import config as config_lib
+    from jaxrl_llm.cli import use_compilation_cache
+    updates = {}
+    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.__setitem__(name, value))
+    c = config_lib.base_config()
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
+    assert use_compilation_cache(c, "prog") == str(tmp_path / "env") and updates == {}
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert use_compilation_cache(c, "prog") == str(tmp_path / "xdg" / "jaxrl_llm" / "jax")
+    assert updates == {"jax_compilation_cache_dir": str(tmp_path / "xdg" / "jaxrl_llm" / "jax"),
+                       "jax_compilation_cache_max_size": 10 * 2**30}
+    assert (tmp_path / "xdg" / "jaxrl_llm" / "jax").is_dir()
+    updates.clear()
+    c.compilation_cache.dir, c.compilation_cache.max_gb = str(tmp_path / "mine"), 0.5
+    assert use_compilation_cache(c, "prog") == str(tmp_path / "mine")
+    assert updates["jax_compilation_cache_max_size"] == 2**29
+    updates.clear()
+    c.compilation_cache.dir = ""
+    assert use_compilation_cache(c, "prog") == "" and updates == {}
+    (tmp_path / "file").write_text("")
+    c.compilation_cache.dir = str(tmp_path / "file" / "cache")  # under a file: cannot be made
+    assert use_compilation_cache(c, "prog") == "" and updates == {}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"prog: warning: compilation_cache.dir {tmp_path / 'file' / 'cache'}")

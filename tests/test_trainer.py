@@ -198,6 +198,7 @@ BAD_CONFIGS = [
     ({"checkpoint.every_steps": 0}, "config.checkpoint.every_steps must be an int >= 1, got 0"),
     ({"mesh.tensor": 0}, "config.mesh.tensor must be a positive int or -1, got 0"),
     ({"export.dtype": "int8"}, "config.export.dtype must be '', float32, bfloat16 or float16, got 'int8'"),
+    ({"compilation_cache.max_gb": 0}, "config.compilation_cache.max_gb must be a number of GB > 0, got 0"),
     ({"data.task_weights": (1.0, 1.0)}, "config.data.task_weights must be 4 non-negative level weights"),
     ({"kl.estimator": "k1"}, "config.kl.estimator must be k2, k3 or k3\\+ with kl.placement='loss'"),
     ({"data.max_prompt_length": 200}, "rollout.max_new_tokens = 203 exceeds the model's max_position_embeddings 64"),

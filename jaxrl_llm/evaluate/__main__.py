@@ -22,7 +22,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from jaxrl_llm.cli import flags_parser, run_cli, setup_logging
+from jaxrl_llm.cli import flags_parser, run_cli, setup_logging, use_compilation_cache
 from jaxrl_llm.evaluate.overrides import run_config
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of a training run: evaluate one of its checkpoints.")
@@ -102,6 +102,7 @@ def main(argv):
 
     def go():
         c, source = run_config(_WORKDIR.value, _MODEL.value, _CONFIG.value, _EVAL_OVERRIDES)
+        use_compilation_cache(c, "jaxrl_llm.evaluate")
         out = _OUT.value or (str(epath.Path(_WORKDIR.value) / "eval") if _WORKDIR.value else None)
         if not out:
             raise ValueError("--out is required with --model")

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption (they do not change what is computed; the
 # mesh only changes float rounding: a checkpoint restores onto any mesh; evaluation draws from a stream
-# of its own and never touches the training state).
-RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh", "eval")
+# of its own and never touches the training state; the compilation cache only saves compiling).
+RESUMABLE_FIELDS = ("total_steps", "force_new", "checkpoint", "log", "export", "mesh", "eval", "compilation_cache")
 # model.* fields that say how the same function is computed, not what: rematerialisation, the attention
 # kernel and the logits chunk change float rounding only (like the mesh), and are what a user changes to
 # fit memory on resume (model.remat's default became "dots": a run saved with "none" resumes).

@@ -1,6 +1,6 @@
 """The XLA flags of the test run (set by tests/conftest.py before JAX starts; inherited by subprocesses).
 
-The tests' programs run for milliseconds and compile for seconds: compilation dominates their CPU. Two
+The tests' programs run for milliseconds and compile for seconds: compilation dominates their CPU. Three
 things make it cheaper (FAST_COMPILE), measured one after the other on the 2-core machine (`pytest -q -n 0
 FILE`, CPU seconds):
 - no LLVM optimizations: tests/test_audit_metrics.py 81.6 -> 52.5 s (`--xla_backend_optimization_level=1`
@@ -8,7 +8,12 @@ FILE`, CPU seconds):
 - XLA:CPU's older fusion emitters (`--xla_cpu_use_fusion_emitters=false`), on top of that: XLA's compile
   time of tests/test_sampling.py's programs 43.4 -> 18.6 s (the whole file 96 -> 48 s); the whole suite
   3,717 -> 2,372 s of test CPU. Without the first flag the second saves little (tests/test_models.py:
-  152 s with it alone, 68 s with both).
+  152 s with it alone, 68 s with both);
+- one LLVM module per program (`--xla_cpu_parallel_codegen_split_count=1`): XLA splits a program's code into
+  parts compiled on parallel threads, which costs CPU in all (each part is set up and optimized on its own)
+  and gains nothing when both cores already run a test each: tests/test_packing.py, compilation cache off,
+  alternating three times, 60.0 -> 52.2 s of user CPU (tests/test_off_policy.py 51.7 -> 43.4 s, twice).
+  Turning off the concurrency-optimized scheduler on top of it cost CPU (52.2 -> 54.9 s): not taken.
 A run of hundreds of steps pays for unoptimized code instead (the k = 2 learning bar: 100.6 -> 173.1 s
 without LLVM's optimizations): the learning bars run the CLI with XLA's defaults
 (fixtures_reliability.learning_run). Numbers change by float32 rounding only (the tests' tolerances hold),
@@ -21,7 +26,7 @@ tests with XLA's defaults instead (what users run).
 import os
 
 FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                "--xla_cpu_use_fusion_emitters=false")
+                "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 _OPTIMIZE_VAR = "JAXRL_TEST_XLA_OPTIMIZE"
 
 

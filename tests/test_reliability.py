@@ -80,7 +80,11 @@ def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_run(reference_run, 
     _killed(proc, "checkpoint:4")
     reports = [line for line in proc.stderr.splitlines() if "cannot be restored" in line]
     assert len(reports) == 1 and f"checkpoint step {latest} " in reports[0], reports
-    assert "Traceback" not in proc.stderr
+    # Seen twice under load (a traceback through Orbax's _read_array_index_and_device_put, its first
+    # lines cut from pytest's report): the lines around it say which channel printed it, should it recur.
+    lines = proc.stderr.splitlines()
+    first = next((i for i, line in enumerate(lines) if "Traceback" in line), None)
+    assert first is None, "\n".join(lines[max(0, first - 8):first + 40])
     assert f"resumed from step {latest - 1} " in proc.stderr
     assert glob.glob(str(wd / "checkpoints" / f"{latest}.corrupt-*"))
     in_flight = glob.glob(str(wd / "checkpoints" / "4.orbax-checkpoint-tmp*"))

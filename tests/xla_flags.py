@@ -13,7 +13,9 @@ FILE`, CPU seconds):
   parts compiled on parallel threads, which costs CPU in all (each part is set up and optimized on its own)
   and gains nothing when both cores already run a test each: tests/test_packing.py, compilation cache off,
   alternating three times, 60.0 -> 52.2 s of user CPU (tests/test_off_policy.py 51.7 -> 43.4 s, twice).
-  Turning off the concurrency-optimized scheduler on top of it cost CPU (52.2 -> 54.9 s): not taken.
+  Turning off the concurrency-optimized scheduler on top of it cost CPU (52.2 -> 54.9 s): not taken. Under
+  XLA's defaults (the learning bars below) the flag saved nothing: 100 steps of configs/tiny.py from the
+  CLI, twice each, 29.5 and 29.9 s of user CPU without it, 30.7 and 30.5 s with it.
 A run of hundreds of steps pays for unoptimized code instead (the k = 2 learning bar: 100.6 -> 173.1 s
 without LLVM's optimizations): the learning bars run the CLI with XLA's defaults
 (fixtures_reliability.learning_run). Numbers change by float32 rounding only (the tests' tolerances hold),

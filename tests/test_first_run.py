@@ -71,8 +71,12 @@ def test_readme_first_command_on_a_chat_dataset_without_torch(tmp_path):
     compiled programs in the default compilation cache (under $XDG_CACHE_HOME here), and the same command
     in another workdir compiles nothing new: every program is read back."""
     tok, data = _chat_dataset(tmp_path)
-    env = fr.cli_env(None, XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    del env["JAX_COMPILATION_CACHE_DIR"]  # the config's default applies (JAX's variable would win)
+    # Every program kept (the test run's thresholds, stated here so that a run without its cache,
+    # JAXRL_TEST_NO_COMPILATION_CACHE=1, keeps them too); the config's default directory applies (JAX's
+    # own variable would win over it).
+    env = fr.cli_env(None, XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     cache = tmp_path / "xdg" / "jaxrl_llm" / "jax"
     control = _python_without("torch", "import transformers\n", [], env)
     assert TORCH_WARNING in control.stderr  # the interpreter does hide torch from transformers

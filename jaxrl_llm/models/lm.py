@@ -157,14 +157,16 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     b = prompts.shape[0]
     n, t = completions.shape
     g = n // b
-    rngs = [None, None] if dropout_rng is None else [{"dropout": k} for k in jax.random.split(dropout_rng)]
-    p_hidden, kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False, rngs=rngs[0],
-                           routes=prompt_routes)
     lengths = jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), axis=-1), g)  # (N,)
     positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    c_hidden, _, *stats = Decoder(config, with_lm_head=False, return_router_stats=router_stats).apply(
-        {"params": params}, completions, positions, completion_mask.astype(bool), prefix=kv,
-        prefix_mask=prompt_mask.astype(bool), rngs=rngs[1], routes=routes)
+    both_routes = None if prompt_routes is None and routes is None else (prompt_routes, routes)
+    # One layer scan over both (Decoder `pair`): each layer runs the prompts, then the completions on the
+    # prompts' keys/values of that layer.
+    (p_hidden, c_hidden), _, *stats = Decoder(config, with_lm_head=False, return_router_stats=router_stats,
+                                              pair=True).apply(
+        {"params": params}, (prompts, completions), (positions_from_mask(prompt_mask), positions),
+        (prompt_mask.astype(bool), completion_mask.astype(bool)),
+        rngs=None if dropout_rng is None else {"dropout": dropout_rng}, routes=both_routes)
     first = jnp.repeat(p_hidden[:, -1:], g, axis=0)  # (N,1,D)
     hidden = jnp.concatenate([first, c_hidden[:, :-1]], axis=1)
     return (hidden, stats[0]) if router_stats else hidden

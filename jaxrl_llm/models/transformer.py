@@ -210,53 +210,83 @@ class Dense(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder layer; the body of the layer scan. Carry: x; xs: this layer's prefix (k, v) and
     [MoE] replayed experts (N,S,k); ys: its (k, v) when return_kv, and [MoE] the experts it routed to and
-    [router_stats] its router's sums (models/moe.py `router_stats`)."""
+    [router_stats] its router's sums (models/moe.py `router_stats`).
+
+    `pair`: the layer of a prompt and its completions in one scan (`Decoder(pair=True)`): the carry is
+    (prompt x (B,P,D), completion x (N,T,D)) and `routes`, `cos`, `sin`, `mask`, `positions` are such pairs;
+    the prompt stream runs first and its (k, v) are this layer's prefix of the completion stream (whose
+    prefix mask is the prompt's mask). ys: (None, the completions' experts, their router sums)."""
 
     config: ModelConfig
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
     router_stats: bool = False  # MoE: emit `moe.router_stats` over the tokens of `mask` as a scan output
+    pair: bool = False
 
     @nn.compact
     def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse):
+        # The submodules are made once (one set of parameters); `layer` applies them to one stream:
+        # (x, prefix (k, v) or None, ...) -> (x, its (k, v), [MoE] experts, [router sums]).
         c = self.config
         off = c.norm_offset
-        norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
-        if c.local_rope is not None:  # cos/sin: (2,N,S,hd), global then local
-            cos, sin = jnp.where(sliding, cos[1], cos[0]), jnp.where(sliding, sin[1], sin[0])
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
+        norm = lambda name, axis="embed": RMSNorm(c.rms_norm_eps, axis, pdt, off, name=name)
         dense = lambda shape, axes, bias, name, contract=1: Dense(shape, axes, bias, contract, dt, pdt, name=name,
                                                                   **lora.dense_kwargs(c, name))
+        input_norm = norm("input_norm")
+        q_proj = dense((c.num_heads, c.head_dim), ("embed", "heads", "head_dim"), c.qkv_bias, "q_proj")
+        k_proj = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "k_proj")
+        v_proj = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "v_proj")
+        qk_norms = (norm("q_norm", "head_dim"), norm("k_norm", "head_dim")) if c.qk_norm else None
+        o_proj = dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)
+        attn_out_norm = norm("attn_out_norm") if c.sandwich_norm else None
+        post_attn_norm = norm("post_attn_norm")  # the MLP's input norm (Gemma's pre_feedforward_layernorm)
+        moe = MoeMlp(c, name="moe") if c.num_experts else None
+        mlp_proj = None
+        if not c.num_experts or c.mixed_mlp:  # [mixed_mlp: both kinds' parameters in every layer]
+            mlp_proj = (dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj"),
+                        dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj"),
+                        dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj"))
+        mlp_out_norm = norm("mlp_out_norm") if c.sandwich_norm else None
 
-        h = norm("input_norm")(x)
-        q = dense((c.num_heads, c.head_dim), ("embed", "heads", "head_dim"), c.qkv_bias, "q_proj")(h)
-        k = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "k_proj")(h)
-        v = dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c.qkv_bias, "v_proj")(h)
-        if c.qk_norm:
-            q, k = norm("q_norm", "head_dim")(q), norm("k_norm", "head_dim")(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
-        prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
-        a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
-                   softcap=c.attn_softcap, window=layer_window(c, sliding), window_size=c.sliding_window,
-                   positions=positions)
-        a = dense((c.hidden_size,), ("heads", "head_dim", "embed"), c.o_bias, "o_proj", contract=2)(a)
-        x = x + (norm("attn_out_norm")(a) if c.sandwich_norm else a)
+        def layer(x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse,
+                  router_stats):
+            if c.local_rope is not None:  # cos/sin: (2,N,S,hd), global then local
+                cos, sin = jnp.where(sliding, cos[1], cos[0]), jnp.where(sliding, sin[1], sin[0])
+            h = input_norm(x)
+            q, k, v = q_proj(h), k_proj(h), v_proj(h)
+            if qk_norms:
+                q, k = qk_norms[0](q), qk_norms[1](k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
+            prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
+            a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
+                       softcap=c.attn_softcap, window=layer_window(c, sliding), window_size=c.sliding_window,
+                       positions=positions)
+            a = o_proj(a)
+            x = x + (attn_out_norm(a) if attn_out_norm else a)
 
-        h = norm("post_attn_norm")(x)  # the MLP's input norm (Gemma's pre_feedforward_layernorm)
-        experts = stats = None
-        if c.num_experts:  # [mixed_mlp: both kinds' parameters in every layer, the traced `sparse` picks]
-            m, experts, *stats = MoeMlp(c, name="moe")(h, routes, mask if self.router_stats else None,
-                                                        sparse if c.mixed_mlp else None)
-            stats = stats[0] if stats else None
-        if not c.num_experts or c.mixed_mlp:
-            gate = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "gate_proj")(h)
-            up = dense((c.intermediate_size,), ("embed", "mlp"), c.mlp_bias, "up_proj")(h)
-            mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "length", "act_mlp"))
-            mlp = dense((c.hidden_size,), ("mlp", "embed"), c.mlp_bias, "down_proj")(mid)
-            m = jnp.where(sparse, m, mlp) if c.num_experts else mlp
-        x = x + (norm("mlp_out_norm")(m) if c.sandwich_norm else m)
-        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-        return x, ((k, v) if self.return_kv else None, experts, stats)
+            h = post_attn_norm(x)
+            experts = stats = None
+            if moe is not None:  # [mixed_mlp: the traced `sparse` picks]
+                m, experts, *stats = moe(h, routes, mask if router_stats else None, sparse if c.mixed_mlp else None)
+                stats = stats[0] if stats else None
+            if mlp_proj is not None:
+                gate_proj, up_proj, down_proj = mlp_proj
+                mid = nn.with_logical_constraint(activation(c, gate_proj(h)) * up_proj(h), ("batch", "length", "act_mlp"))
+                mlp = down_proj(mid)
+                m = jnp.where(sparse, m, mlp) if moe is not None else mlp
+            x = x + (mlp_out_norm(m) if mlp_out_norm else m)
+            x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+            return x, (k, v), experts, stats
+        if not self.pair:
+            x, kv, experts, stats = layer(x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions,
+                                          sliding, sparse, self.router_stats)
+            return x, (kv if self.return_kv else None, experts, stats)
+        (xp, xc), (rp, rc) = x, routes if routes is not None else (None, None)
+        xp, kv, _, _ = layer(xp, None, rp, cos[0], sin[0], mask[0], None, None, positions[0], sliding, sparse, False)
+        xc, _, experts, stats = layer(xc, kv, rc, cos[1], sin[1], mask[1], None, mask[0], positions[1], sliding,
+                                      sparse, self.router_stats)
+        return (xp, xc), (None, experts, stats)
 
 
 _REMAT_POLICIES = {
@@ -272,6 +302,13 @@ class Decoder(nn.Module):
 
     The LM head is applied outside (`lm_head_weight`) so that log-probs can be computed in sequence
     chunks and the value model can skip it; `with_lm_head` only declares its parameters (untied models).
+
+    `pair`: prompts and their completions in one layer scan (models/lm.py `completion_hidden`): `tokens`,
+    `positions`, `mask` [and `routes`] are (prompt, completion) pairs, the completions attend to their
+    prompt's keys/values of the same layer under the prompts' mask (no `prefix`, `prefix_mask`), and the hidden
+    states are a (prompt (B,P,D), completion (N,T,D)) pair. One scan, not a prefill scan then a completion
+    scan: its backward accumulates one set of layer gradients, where two scans held two until their sum
+    (1.2 GiB of the update's temporaries at Qwen2.5-0.5B's shape).
     """
 
     config: ModelConfig
@@ -279,6 +316,7 @@ class Decoder(nn.Module):
     with_lm_head: bool = True
     return_routes: bool = False  # MoE: also return the selected experts (L,N,S,k) int32
     return_router_stats: bool = False  # MoE: also return `moe.router_stats` per layer (the router's losses)
+    pair: bool = False
 
     @nn.compact
     def __call__(self, tokens, positions, mask, prefix=None, prefix_mask=None, segment_ids=None, routes=None):
@@ -289,12 +327,21 @@ class Decoder(nn.Module):
         if self.with_lm_head and not c.tie_word_embeddings:
             self.param("lm_head", nn.with_logical_partitioning(_init(), ("embed", "vocab")),
                        (c.hidden_size, c.vocab_size), pdt)
-        x = embed(c, embedding, tokens)
-        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-        cos, sin = rope_cos_sin(c, positions)
-        if c.local_rope is not None:
-            cos_l, sin_l = rope_cos_sin(c, positions, local=True)
-            cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
+
+        def inputs(tokens, positions):
+            x = nn.with_logical_constraint(embed(c, embedding, tokens), ("batch", "length", "act_embed"))
+            cos, sin = rope_cos_sin(c, positions)
+            if c.local_rope is not None:
+                cos_l, sin_l = rope_cos_sin(c, positions, local=True)
+                cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
+            return x, cos, sin
+        if self.pair:
+            if prefix is not None or segment_ids is not None or self.return_kv or self.return_routes:
+                raise ValueError("Decoder(pair=True) takes no prefix or segment_ids and returns no kv or routes")
+            (x, cos, sin), (xc, cos_c, sin_c) = inputs(tokens[0], positions[0]), inputs(tokens[1], positions[1])
+            x, cos, sin = (x, xc), (cos, cos_c), (sin, sin_c)
+        else:
+            x, cos, sin = inputs(tokens, positions)
 
         block = Block
         if c.remat != "none":
@@ -308,9 +355,10 @@ class Decoder(nn.Module):
         sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
         sparse = jnp.asarray(c.moe_layers, bool)  # (L,): so are dense and sparse MLP layers (mixed_mlp)
         stats = self.return_router_stats and c.num_experts > 0
-        x, (kv, experts, router) = layers(c, self.return_kv, stats, name="layers")(
+        x, (kv, experts, router) = layers(c, self.return_kv, stats, self.pair, name="layers")(
             x, prefix, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse)
-        x = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")(x)
+        final_norm = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")
+        x = tuple(map(final_norm, x)) if self.pair else final_norm(x)
         return (x, kv) + ((experts,) if self.return_routes else ()) + ((router,) if self.return_router_stats else ())
 
 

@@ -250,22 +250,29 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        params, opt_state = state.params, state.opt_state
-        if train_policy:
-            updates, opt_state = tx.update(g, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
-        value_params, value_opt_state, metrics = state.value_params, state.value_opt_state, {}
+        metrics = {}
         if objective.value:
-            vupdates, value_opt_state = value_tx.update(vg, state.value_opt_state, state.value_params)
-            value_params = optax.apply_updates(state.value_params, vupdates)
             finite = finite & jnp.isfinite(optax.global_norm(vg))
             metrics["value/grad_norm"] = optax.global_norm(vg)
         ok = finite & ~empty
-        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b_: jnp.where(ok, a, b_), new, old)
+
+        def step(trained):
+            params, opt_state, value_params, value_opt_state = trained
+            if train_policy:
+                updates, opt_state = tx.update(g, opt_state, params)
+                params = optax.apply_updates(params, updates)
+            if objective.value:
+                vupdates, value_opt_state = value_tx.update(vg, value_opt_state, value_params)
+                value_params = optax.apply_updates(value_params, vupdates)
+            return params, opt_state, value_params, value_opt_state
+
+        # A conditional, not a select of new and old values: with the select XLA computed the new
+        # parameters from the old moments after updating them in place, so it copied both moments first
+        # (two parameter-sized temporaries: the update's temporaries at Qwen2.5-0.5B's shape 5.07 -> 3.68 GiB).
+        trained = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+        params, opt_state, value_params, value_opt_state = jax.lax.cond(ok, step, lambda t: t, trained)
         new_state = state.replace(
-            params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
-            value_params=keep(value_params, state.value_params),
-            value_opt_state=keep(value_opt_state, state.value_opt_state),
+            params=params, opt_state=opt_state, value_params=value_params, value_opt_state=value_opt_state,
             opt_step=state.opt_step + (ok & train_policy).astype(jnp.int32),
             nonfinite=jnp.where(empty, state.nonfinite, jnp.where(finite, 0, state.nonfinite + 1)))
         if "value/ev_parts" in aux:  # over the whole minibatch, whatever grad_accum

@@ -46,6 +46,7 @@ class Stepper:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--toy", action="store_true")
+    p.add_argument("--size", default="135M", help="model shape (harness/shapes.py: 135M, 0.5B, 1.5B)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=32)
@@ -61,7 +62,7 @@ def main(argv=None):
 
     from harness.grpo import make_workspace, ours_config
     from harness.shapes import SIZES
-    size = SIZES["gpu-toy" if args.toy else "135M"]
+    size = SIZES["gpu-toy" if args.toy else args.size]
     import jax
     import numpy as np
     # memory_analysis() below compiles the programs again: from the persistent cache, not from scratch

@@ -339,8 +339,8 @@ class Decoder(nn.Module):
             if any(a is not None for a in (prefix, prefix_mask, segment_ids)) or self.return_kv or self.return_routes:
                 raise ValueError("Decoder(pair=True) takes no prefix, prefix_mask or segment_ids and returns no kv "
                                  "or routes: the completions' prefix is their prompts' keys/values")
-            (x, cos, sin), (xc, cos_c, sin_c) = inputs(tokens[0], positions[0]), inputs(tokens[1], positions[1])
-            x, cos, sin = (x, xc), (cos, cos_c), (sin, sin_c)
+            # each a (prompt, completion) pair
+            x, cos, sin = zip(inputs(tokens[0], positions[0]), inputs(tokens[1], positions[1]))
         else:
             x, cos, sin = inputs(tokens, positions)
 

@@ -252,8 +252,8 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         metrics = {}
         if objective.value:
-            finite = finite & jnp.isfinite(optax.global_norm(vg))
             metrics["value/grad_norm"] = optax.global_norm(vg)
+            finite = finite & jnp.isfinite(metrics["value/grad_norm"])
         ok = finite & ~empty
 
         def step(trained):

@@ -12,7 +12,7 @@ from jaxrl_llm.trainer import Trainer
 from jaxrl_llm.trainer.packs import trained_lengths
 from jaxrl_llm.models.packing import plan_packs
 from jaxrl_llm.trainer.steps import step_functions, values_of
-from test_trainer import small_config
+from test_trainer import small_config, update_batch
 
 
 def test_explained_variance_does_not_depend_on_grad_accum(tmp_path):
@@ -22,12 +22,8 @@ def test_explained_variance_does_not_depend_on_grad_accum(tmp_path):
     t = Trainer(small_config("ppo", total_steps=1, **{"rollout.batch_prompts": 4,
                                                       "reward.functions": "fixtures_rewards:char_code"}), str(tmp_path))
     state = t.state
-    local = t.producer.next(state, t.policy(state)).local
-    b = t.rollouts.device_batch(local)
+    b = update_batch(t, state)
     with sharding.use_mesh(t.mesh):
-        b.update(t.fns.score(state, t.frozen_ref, b, None, t.base))
-        b.setdefault("old_logp", b["behavior_logp"])
-        b.update(t.fns.prepare(b, state.kl.value)[0])
         values = np.asarray(values_of(t.mc, state.value_params, b), np.float64)
         leaves, treedef = jax.tree_util.tree_flatten(t.state_shardings)
         got = []

@@ -14,7 +14,7 @@ from jaxrl_llm import rl
 from jaxrl_llm.trainer import Trainer, diagnose
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_trainer import read_jsonl, small_config  # noqa: E402
+from test_trainer import read_jsonl, small_config, update_batch  # noqa: E402
 
 
 def _minibatch(n=4, t=3, loss_rows=()):
@@ -103,11 +103,8 @@ def test_the_update_writes_the_donated_state_in_place(tmp_path):
     from jaxrl_llm import sharding
     t = Trainer(small_config("grpo", total_steps=1), str(tmp_path))
     state = t.state
-    b = t.rollouts.device_batch(t.producer.next(state, t.policy(state)).local)
+    b = update_batch(t, state)
     with sharding.use_mesh(t.mesh):
-        b.update(t.fns.score(state, t.frozen_ref, b, None, t.base))
-        b.setdefault("old_logp", b["behavior_logp"])
-        b.update(t.fns.prepare(b, state.kl.value)[0])
         hlo = t.fns.update.lower(state, b, jnp.arange(4), None, t.base).compile().as_text()
     entry = hlo[hlo.index("\nENTRY "):]
     signature = entry[:entry.index("->")]

@@ -49,6 +49,18 @@ def small_config(algo="grpo", **overrides):
     return c
 
 
+def update_batch(t, state):
+    """A rollout of `t` under `state` made into the update's batch as `Trainer.update_step` makes it:
+    the score pass (reference log-probs), the proximal log-probs the behaviour's, `prepare`'s fields."""
+    from jaxrl_llm import sharding
+    b = t.rollouts.device_batch(t.producer.next(state, t.policy(state)).local)
+    with sharding.use_mesh(t.mesh):
+        b.update(t.fns.score(state, t.frozen_ref, b, None, t.base))
+        b.setdefault("old_logp", b["behavior_logp"])
+        b.update(t.fns.prepare(b, state.kl.value)[0])
+    return b
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]

@@ -180,7 +180,7 @@ def main(argv=None):
         config = read_hf_config(os.path.join(ws, "model"))
         peak = matmul_peak_flops()
         groups = [[f] for f in args.frameworks.split(",")] if args.sequential else [args.frameworks.split(",")]
-        setup, timings, done, unavailable, loads = {}, {}, {}, {}, []
+        setup, timings, done, unavailable, loads, step_ends = {}, {}, {}, {}, [], {}
         for group in groups:
             workers, missing = start_workers(argparse.Namespace(**{**vars(args), "frameworks": ",".join(group)}),
                                              ws, steps, log)
@@ -198,6 +198,7 @@ def main(argv=None):
                                         warmup=args.warmup, before_each=idle)
             loads.append(os.getloadavg()[0])
             done |= {name: w.close() for name, w in workers.items()}
+            step_ends |= {name: w.step_ends for name, w in workers.items()}
 
     flops = iteration_flops(config, B, G, P, T)
     flops_unshared = iteration_flops(config, B, G, P, T, prefix_shared=False)
@@ -220,7 +221,8 @@ def main(argv=None):
                           for name, tm in timings.items()},
               "setup_s": setup, "peak_rss_gib": {n: d["peak_rss_gib"] for n, d in done.items()}, "flops": flops,
               "roofline_s": roofline, "peak_flops": peak, "lines": lines, "params": config.num_params(),
-              "unavailable": unavailable, "load_average": loads, "machine": machine, "args": vars(args)}
+              "unavailable": unavailable, "load_average": loads, "machine": machine, "args": vars(args),
+              "step_ends": step_ends}
     if args.json:
         save_json(args.json, result)
     return result

@@ -1,5 +1,6 @@
 """Benchmark scripts stay runnable (a toy-size run in a subprocess) and their shared helpers are right.
 Nothing here times anything: benchmarks are measured by hand (docs/benchmarks.md), never asserted on."""
+import json
 import os
 import statistics
 import subprocess
@@ -93,9 +94,13 @@ def test_grpo_iteration_script_runs_ours_at_toy_size(tmp_path):
     """Our side of the GRPO-iteration benchmark (TRL and Tunix need their own virtualenvs: not in CI)."""
     out = tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_iteration.py"), "--toy",
-                           "--frameworks", "ours", "--stages", "--out", str(out)],
+                           "--frameworks", "ours", "--stages", "--out", str(out), "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Every timed step ends when the worker says 'ready', the last one too: had it ended on 'done', its time
+    # would include the stage timing that follows the iterations.
+    ends = json.loads((tmp_path / "r.json").read_text())["step_ends"]["jaxrl_llm"]
+    assert len(ends) >= 2 and set(ends) == {"ready"}
     block = out.read_text().split("<!-- grpo-iteration-results:begin -->")[1].split("<!-- grpo-iteration-results:end -->")[0]
     row = next(line for line in block.splitlines() if line.startswith("| jaxrl_llm |")).strip("| ").split(" | ")
     num = lambda x: float(x.replace(",", ""))  # markdown_table writes 1,234

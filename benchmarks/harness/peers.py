@@ -93,6 +93,7 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
                                      env=env, cwd=HERE)
         self.events: dict[str, dict] = {}
+        self.step_ends: list[str] = []  # the event that ended each step: 'ready' (next go awaited) or 'done'
 
     def expect(self, *events: str) -> dict:
         """Reads protocol lines until one of `events` arrives; raises with the worker's stderr if it exits."""
@@ -111,7 +112,7 @@ class Worker:
     def step(self, _i=None) -> None:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
-        self.expect("ready", "done")
+        self.step_ends.append(self.expect("ready", "done")["event"])
 
     def close(self) -> dict:
         """The worker's 'done' message (its lengths, metrics, peak RSS) after it exits."""

@@ -205,6 +205,9 @@ def ours_worker(args) -> None:
         jax.block_until_ready(ours.state.params)
         metrics.append({k: float(m[k]) for k in ("response_length/mean", "response_length/min",
                                                  "response_length/max", "sampler/logp_diff_max") if k in m})
+    # The parent times a step up to the worker's next 'ready' or 'done': say it now, or the last step's
+    # time would include the stage timing below (minutes at 0.5B, and the median of 2 repeats is a mean).
+    emit("ready")
     stages = stage_times(ours, args.stages) if args.stages else {}
     emit("done", metrics=metrics, stages=stages, peak_rss_gib=peak_rss_gib())
     ours.trainer.ckpt.close()

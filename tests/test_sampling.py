@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fixtures_hf import left_padded_batch, make_hf_model
-from jaxrl_llm.models import forward, load_hf, token_logprobs
+from jaxrl_llm.models import ModelConfig, forward, load_hf, token_logprobs
 from jaxrl_llm.sampling import generate_program, generate
 
 EOS, PAD = 2, 0
@@ -84,6 +84,28 @@ def test_sampler_logprobs_equal_trainer_logprobs_with_blockwise_attention(qwen):
     r = generate(config, params, tokens, mask, jax.random.PRNGKey(1), max_new_tokens=10, num_samples=4,
                  temperature=0.7, eos_ids=[EOS, 7, 11], pad_id=PAD)
     assert _trainer_logprob_gap(config, params, r, 0.7) <= 1e-4
+
+
+def test_decode_unrolls_small_models_and_on_cpu_large_layers(monkeypatch):
+    """`lm.decode_unrolled`, hand-worked at the benchmark shapes (float32 layer weights): SmolLM2-135M's 30
+    layers of 14 MB scan (the per-token copy of a cached layer is cheap), Qwen2.5-0.5B's 24 layers of 60 MB
+    unroll on CPU (1.43 GB of copies <= 2 GiB) but not on another backend, Qwen2.5-1.5B's 5.2 GB do not;
+    a model of at most 8 layers and 256 MiB unrolls anywhere."""
+    from jaxrl_llm.models import lm
+    smol = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                       num_heads=9, num_kv_heads=3, head_dim=64, tie_word_embeddings=True)
+    qwen05 = ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                         num_kv_heads=2, head_dim=64, qkv_bias=True, tie_word_embeddings=True)
+    qwen15 = qwen05.replace(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, head_dim=128)
+    layer_mb = lambda c: (c.num_params() - c.vocab_size * c.hidden_size - c.hidden_size) * 4 / c.num_layers / 2 ** 20
+    assert 13 < layer_mb(smol) < 14 and 56 < layer_mb(qwen05) < 57 and 178 < layer_mb(qwen15) < 179
+    cases = (smol, qwen05, qwen15, smol.replace(num_layers=8), smol.replace(num_layers=9),
+             qwen05.replace(num_layers=5),  # 285 MiB: past the small-model bound, but its layers are large
+             qwen05.replace(param_dtype="bfloat16"))  # 28 MiB a layer: cheap to copy, scanned
+    assert jax.default_backend() == "cpu"
+    assert [lm.decode_unrolled(c) for c in cases] == [False, True, False, True, False, True, False]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert [lm.decode_unrolled(c) for c in cases] == [False, False, False, True, False, False, False]
 
 
 def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):

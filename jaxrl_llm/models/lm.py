@@ -172,22 +172,32 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
     return (hidden, stats[0]) if router_stats else hidden
 
 
-# Depth up to which a decode step unrolls the layer loop; deeper models scan over the stacked layers.
-# Unrolled, a step reads per-layer copies of the weights (fused q|k|v and gate|up) made once per
-# `generate` call; scanned, it reads the parameters in place. On CPU, XLA copies every dynamic slice
-# that feeds a matmul, so the scan copies each layer's weights and cache at every token (~20% of a step
-# on small models); but unrolling costs compile time per layer (~0.35 s on CPU) and a copy of the weights
-# for the duration of the call, which only small models can take for free. See docs/benchmarks.md.
-DECODE_UNROLL_MAX_LAYERS = 8
-DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # of layer weights (the copy an unrolled generation makes)
+# Whether a decode step unrolls the layer loop or scans over the stacked layers. Unrolled, a step reads
+# per-layer copies of the weights (fused q|k|v and gate|up) made once per `generate` call; scanned, it reads
+# the parameters in place. On CPU, XLA copies every dynamic slice that feeds a matmul, so the scan copies
+# each layer's weights at every token. While a layer fits in the last-level cache that copy costs little
+# (it even prefetches the layer): at SmolLM2-135M's shape (30 layers of 14 MB) unrolled decode steps are
+# ~6% faster, for ~5 s more compile. A layer larger than the cache costs a DRAM round trip per token: at
+# Qwen2.5-0.5B's shape (24 layers of 60 MB) the unrolled step takes 215 ms against 289 ms, for ~2 s more
+# compile. Unrolling holds the copy of the layer weights for the duration of the call (bounded below) and
+# compiles each layer apart. Measured on CPU only; other backends keep the small-model rule.
+# docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape").
+DECODE_UNROLL_MAX_LAYERS = 8  # small models unroll, on every backend ...
+DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # ... up to this many bytes of layer weights
+DECODE_UNROLL_CPU_LAYER_BYTES = 32 * 2 ** 20  # on CPU, deeper models unroll when a layer is at least this big
+DECODE_UNROLL_CPU_MAX_BYTES = 2 * 2 ** 30  # ... up to this many bytes of layer weights
 
 
 def decode_unrolled(config: ModelConfig) -> bool:
-    """Whether decode steps unroll the layer loop: small models only (see DECODE_UNROLL_MAX_*)."""
+    """Whether decode steps unroll the layer loop (see DECODE_UNROLL_*): small models, and on CPU the
+    models whose layers are too large for the scan's per-token copy to be cheap."""
     c = config
     layer_weights = c.num_params() - c.hidden_size * (1 + c.vocab_size * (1 if c.tie_word_embeddings else 2))
-    return (c.num_layers <= DECODE_UNROLL_MAX_LAYERS
-            and layer_weights * jnp.dtype(c.param_dtype).itemsize <= DECODE_UNROLL_MAX_BYTES)
+    nbytes = layer_weights * jnp.dtype(c.param_dtype).itemsize
+    if c.num_layers <= DECODE_UNROLL_MAX_LAYERS and nbytes <= DECODE_UNROLL_MAX_BYTES:
+        return True
+    return (jax.default_backend() == "cpu" and nbytes <= DECODE_UNROLL_CPU_MAX_BYTES
+            and nbytes >= DECODE_UNROLL_CPU_LAYER_BYTES * c.num_layers)
 
 
 @precise

@@ -176,10 +176,10 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
 # per-layer copies of the weights (fused q|k|v and gate|up) made once per `generate` call; scanned, it reads
 # the parameters in place. On CPU, XLA copies every dynamic slice that feeds a matmul, so the scan copies
 # each layer's weights at every token. While a layer fits in the last-level cache that copy costs little
-# (it even prefetches the layer): at SmolLM2-135M's shape (30 layers of 14 MB) unrolled decode steps are
-# ~6% faster, for ~5 s more compile. A layer larger than the cache costs a DRAM round trip per token: at
-# Qwen2.5-0.5B's shape (24 layers of 60 MB) the unrolled step takes 215 ms against 289 ms, for ~2 s more
-# compile. Unrolling holds the copy of the layer weights for the duration of the call (bounded below) and
+# (it even prefetches the layer): at SmolLM2-135M's shape (30 layers of 14 MB) unrolled decode steps are no
+# faster (62 against 59 ms) and compile 3 s longer. A layer larger than the cache costs a DRAM round trip per
+# token: at Qwen2.5-0.5B's shape (24 layers of 60 MB) the unrolled step takes 183 ms against 262 ms, for
+# 1-3 s more compile. Unrolling holds the copy of the layer weights for the duration of the call (bounded below) and
 # compiles each layer apart. Measured on CPU only; other backends keep the small-model rule.
 # docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape").
 DECODE_UNROLL_MAX_LAYERS = 8  # small models unroll, on every backend ...

@@ -37,7 +37,7 @@ from harness.shapes import SIZES, ModelSize, build_models  # noqa: E402
 from harness.memory import peak_rss_gib  # noqa: E402
 from harness.timing import matmul_peak_flops, time_interleaved, wait_for_idle  # noqa: E402
 
-from jaxrl_llm.models.lm import logits_from_hidden, prefill  # noqa: E402
+from jaxrl_llm.models.lm import decode_logits, prefill  # noqa: E402
 
 TARGETS = {"3M": 5.0, "30M": 2.0, "135M": 2.0, "0.5B": 2.0}  # minimum speed-up over transformers
 
@@ -56,7 +56,7 @@ def bench_size(size: ModelSize, args, before_each, log):
     prompts = rng.integers(1, config.vocab_size - 1, (b, p)).astype(np.int32)
     mask = np.ones((b, p), np.int32)
     prompts_j, mask_j = jnp.asarray(prompts), jnp.asarray(mask)
-    prefill_fn = jax.jit(lambda tokens, m: logits_from_hidden(
+    prefill_fn = jax.jit(lambda tokens, m: decode_logits(
         config, params, prefill(config, params, tokens, m, with_lm_head=False)[0][:, -1]))
 
     # 1. throughput, side by side; prefill alone, to split our time into prefill and decode steps.

@@ -12,7 +12,7 @@ checkpoint: the old code (by default revision eb19df0, before the rewrite of com
 What is measured, for each model size, in rows N = B = 64, a 32-token prompt and a 64-slot cache:
   * the three stages of one decode step, each jitted and timed alone: the decoder (embedding, L layers,
     final norm: `models.lm.decode_step`, cache carried from call to call and donated as in the loop), the
-    LM head (`logits_from_hidden`), and drawing one token per row (`sampling.draw_tokens` at temperature 1 from
+    LM head (`decode_logits`), and drawing one token per row (`sampling.draw_tokens` at temperature 1 from
     the full vocabulary, and greedy); plus the drawing primitives alone: `jax.random.categorical` (Gumbel-
     max, V random numbers per row) against `sampling.categorical` (one uniform per row), `jnp.argmax`
     against `sampling.argmax`;
@@ -111,7 +111,8 @@ def _worker_functions(ns):
             out, cache = run_step(cache, np.int32(i))
         return out
 
-    head = jax.jit(lambda prm, h: lm.logits_from_hidden(config, prm, h))
+    # The sampler's LM head: `decode_logits` where the package has it, else (older revisions) the trainer's.
+    head = jax.jit(lambda prm, h: getattr(lm, "decode_logits", lm.logits_from_hidden)(config, prm, h))
     logits = head(params, hidden)  # (N,V) float32, this version's own
     one, temperature = jnp.float32(1.0), jnp.float32(1.0)
 

@@ -23,7 +23,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.lm import decode_prepare, decode_step, init_cache, logits_from_hidden, prefill
+from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_step, init_cache, prefill
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
 
 
@@ -84,7 +84,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
                                                 return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
-    last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
+    last_logits = decode_logits(config, params, hidden[:, -1])  # (B,V)
     start = jnp.repeat(jnp.sum(prompt_mask, axis=-1), g)  # (N,) position of the first new token
 
     # 2. first token of every row from its prompt's logits (independent draws per row).
@@ -113,7 +113,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
         if moe:  # the experts of token t (L,N,k) -> routes[:, :, t]
             routes = jax.lax.dynamic_update_slice(routes, experts[0][:, :, None], (0, 0, t, 0))
         with jax.named_scope("lm_head"):
-            logits = logits_from_hidden(config, params, hidden)
+            logits = decode_logits(config, params, hidden)
         with jax.named_scope("draw"):
             new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits, seen=seen)
         alive = ~done

@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.lm import (decode_prefix_rows, decode_prepare, decode_step, init_cache, logits_from_hidden,
+from jaxrl_llm.models.lm import (decode_logits, decode_prefix_rows, decode_prepare, decode_step, init_cache,
                                  prefill)
 from jaxrl_llm.sampling.batch import Rollout
 from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
@@ -57,7 +57,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
                                                 return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
     prompt_len = jnp.sum(prompt_mask, axis=-1)  # (B,) position of each prompt's first new token
-    last_logits = logits_from_hidden(config, params, hidden[:, -1])  # (B,V)
+    last_logits = decode_logits(config, params, hidden[:, -1])  # (B,V)
     rows = jnp.arange(n, dtype=jnp.int32)
     # The repetition penalty's set of every row (None: off): its prompt's tokens, then each token it draws.
     seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
@@ -92,7 +92,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         if moe:  # the experts (L,S,k) of each slot's token t -> routes[:, row, t] (an idle slot's: dropped)
             routes = routes.at[:, row, t].set(experts[0], mode="drop")
         with jax.named_scope("lm_head"):
-            logits = logits_from_hidden(config, params, hidden)
+            logits = decode_logits(config, params, hidden)
         with jax.named_scope("draw"):
             new, logp, blogp = draw(logits, uniform=row_uniforms(rng, row + offset, t + 1),
                                     seen=None if seen is None else jnp.take(seen, jnp.minimum(row, n - 1), axis=0))

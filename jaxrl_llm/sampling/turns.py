@@ -54,7 +54,7 @@ import numpy as np
 from jaxrl_llm import distributed as dist
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import (decode_layer_weights, decode_prepare, decode_step, decode_unrolled, init_cache,
-                                 logits_from_hidden, prefill)
+                                 decode_logits, prefill)
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
 from jaxrl_llm.sampling.draw import check_penalties, draw_tokens, row_uniforms
@@ -135,7 +135,7 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalt
     def body(s):
         j, done, length, hidden, cache, tokens, logps, counts, routes = s
         alive = ~done
-        new, lp, blp = draw(logits_from_hidden(config, params, hidden), uniform=row_uniforms(rng, rows, length),
+        new, lp, blp = draw(decode_logits(config, params, hidden), uniform=row_uniforms(rng, rows, length),
                             seen=None if counts is None else counts > 0)
         new = jnp.where(alive, new, 0)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, j))

@@ -111,8 +111,7 @@ def _worker_functions(ns):
             out, cache = run_step(cache, np.int32(i))
         return out
 
-    # The sampler's LM head: `decode_logits` where the package has it, else (older revisions) the trainer's.
-    head = jax.jit(lambda prm, h: getattr(lm, "decode_logits", lm.logits_from_hidden)(config, prm, h))
+    head = jax.jit(lambda prm, h: getattr(lm, "decode_logits", lm.logits_from_hidden)(config, prm, h))  # old revs
     logits = head(params, hidden)  # (N,V) float32, this version's own
     one, temperature = jnp.float32(1.0), jnp.float32(1.0)
 

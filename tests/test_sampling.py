@@ -1,10 +1,13 @@
 """The group sampler: greedy parity with transformers, log-prob convention, distribution, EOS semantics."""
+import re
+
 import jax
 import numpy as np
 import pytest
 
 from fixtures_hf import left_padded_batch, make_hf_model
 from jaxrl_llm.models import ModelConfig, forward, load_hf, token_logprobs
+from jaxrl_llm.models.lm import decode_unrolled as lm_decode_unrolled
 from jaxrl_llm.sampling import generate_program, generate
 
 EOS, PAD = 2, 0
@@ -130,6 +133,57 @@ def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
         np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
     r = runs["scanned"][1]
     assert int(np.asarray(r.mask).sum()) > 9 and _trainer_logprob_gap(config, params, r, 1.0) <= 1e-4
+
+
+def _decode_dot_shapes(config, params, tokens, mask, n):
+    """Result shapes of the 2-D matmuls of the compiled sampler's decode loop (its layers and LM head)."""
+    text = generate_program.lower(config, params, tokens, mask, jax.random.PRNGKey(0), 1.0, 1.0, max_new_tokens=4,
+                                  num_samples=n // tokens.shape[0], top_k=0, greedy=False, nucleus=False,
+                                  eos_ids=(EOS,), pad_id=PAD).compile().as_text()
+    dots = [line for line in text.splitlines() if " dot(" in line and "batch_dims" not in line
+            and re.search(r"while/body/(layers|lm_head)/", line)]
+    return [tuple(int(d) for d in re.search(r"= f32\[(\d+),(\d+)\]", line).groups()) for line in dots]
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "qwen2"])  # tied embeddings and q/k norms; untied, q/k/v biases
+def test_decode_with_weights_on_left_equals_x_times_w(variant, tmp_path, monkeypatch):
+    """On CPU the decode step multiplies with the weights as the left operand, (out,in) @ x.T (models/decode.py
+    `weights_on_left`: the fused per-layer copies laid out (out,in), and a tied LM head on the (V,D) table),
+    the form XLA:CPU runs fastest at a few rows -- and the compiled loop keeps it: XLA rewrites transpose(W @
+    x.T) into x @ W.T unless a barrier stops it, so every layer and LM-head matmul must give (out, N).
+    Other backends keep x @ W: the same rollouts, log-probs equal to each other and to the trainer's."""
+    import jaxrl_llm.models.decode as decode
+    make_hf_model(str(tmp_path), variant, seed=2)
+    config, params = load_hf(str(tmp_path))
+    tokens, mask = _prompts(4)
+    n = 6  # 3 prompts x 2
+    assert decode.weights_on_left() and lm_decode_unrolled(config)
+    left_shapes = _decode_dot_shapes(config, params, tokens, mask, n)
+    kw = dict(max_new_tokens=9, num_samples=2, eos_ids=[EOS, 7], pad_id=PAD)
+    runs = {"left": [generate(config, params, tokens, mask, jax.random.PRNGKey(5), temperature=t, **kw)
+                     for t in (0.0, 1.0)]}
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the tiny model stays unrolled
+    jax.clear_caches()
+    assert not decode.weights_on_left() and lm_decode_unrolled(config)
+    right_shapes = _decode_dot_shapes(config, params, tokens, mask, n)
+    runs["right"] = [generate(config, params, tokens, mask, jax.random.PRNGKey(5), temperature=t, **kw)
+                     for t in (0.0, 1.0)]
+    jax.clear_caches()
+    # 4 matmuls a layer (qkv, o, gate|up, down) and the LM head, as (rows, cols) of their results
+    head_left = config.tie_word_embeddings  # an untied (D,V) head keeps x @ W: no copy of it
+    assert len(left_shapes) == 4 * config.num_layers + 1 == len(right_shapes)
+    assert all(r == n for o, r in left_shapes if (o, r) != (n, config.vocab_size) or head_left), left_shapes
+    assert ((config.vocab_size, n) in left_shapes) == head_left
+    assert all(o == n for o, r in right_shapes), right_shapes  # (N, out) everywhere
+    outs = lambda shapes: sorted(r if o == n else o for o, r in shapes)
+    assert outs(left_shapes) == outs(right_shapes)
+    assert set(outs(left_shapes)) == {config.hidden_size, 2 * config.intermediate_size, config.vocab_size,
+                                      (config.num_heads + 2 * config.num_kv_heads) * config.head_dim}
+    for a, b in zip(runs["left"], runs["right"]):
+        np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+        np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+        assert _trainer_logprob_gap(config, params, a, 1.0) <= 1e-4 if a is runs["left"][1] else True
+    assert int(np.asarray(runs["left"][1].mask).sum()) > 9
 
 
 def _first_token_probs(config, params, tokens, mask, temperature):

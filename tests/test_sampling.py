@@ -90,10 +90,10 @@ def test_sampler_logprobs_equal_trainer_logprobs_with_blockwise_attention(qwen):
 
 
 def test_decode_unrolls_small_models_and_on_cpu_large_layers(monkeypatch):
-    """`lm.decode_unrolled`, hand-worked at the benchmark shapes (float32 layer weights): SmolLM2-135M's 30
-    layers of 14 MB scan (the per-token copy of a cached layer is cheap), Qwen2.5-0.5B's 24 layers of 60 MB
-    unroll on CPU (1.43 GB of copies <= 2 GiB) but not on another backend, Qwen2.5-1.5B's 5.2 GB do not;
-    a model of at most 8 layers and 256 MiB unrolls anywhere."""
+    """`lm.decode_unrolled`, hand-worked at the benchmark shapes (float32 layer weights): on CPU SmolLM2-135M's
+    30 layers of 14 MB and Qwen2.5-0.5B's 24 layers of 60 MB unroll (0.4 and 1.43 GB of copies <= 2 GiB),
+    but not on another backend; Qwen2.5-1.5B's 5.2 GB do not; a deep model of small layers (30 of 3.4 MB)
+    scans; a model of at most 8 layers and 256 MiB unrolls anywhere."""
     from jaxrl_llm.models import lm
     smol = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                        num_heads=9, num_kv_heads=3, head_dim=64, tie_word_embeddings=True)
@@ -104,11 +104,13 @@ def test_decode_unrolls_small_models_and_on_cpu_large_layers(monkeypatch):
     assert 13 < layer_mb(smol) < 14 and 56 < layer_mb(qwen05) < 57 and 178 < layer_mb(qwen15) < 179
     cases = (smol, qwen05, qwen15, smol.replace(num_layers=8), smol.replace(num_layers=9),
              qwen05.replace(num_layers=5),  # 285 MiB: past the small-model bound, but its layers are large
-             qwen05.replace(param_dtype="bfloat16"))  # 28 MiB a layer: cheap to copy, scanned
+             qwen05.replace(param_dtype="bfloat16"),  # 28 MiB a layer
+             smol.replace(param_dtype="bfloat16"),  # 6.7 MiB a layer: scanned
+             smol.replace(hidden_size=288, intermediate_size=768, num_heads=6, num_kv_heads=2, head_dim=48))  # 3.4 MB
     assert jax.default_backend() == "cpu"
-    assert [lm.decode_unrolled(c) for c in cases] == [False, True, False, True, False, True, False]
+    assert [lm.decode_unrolled(c) for c in cases] == [True, True, False, True, True, True, True, False, False]
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert [lm.decode_unrolled(c) for c in cases] == [False, False, False, True, False, False, False]
+    assert [lm.decode_unrolled(c) for c in cases] == [False, False, False, True, False, False, False, False, False]
 
 
 def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):

@@ -184,18 +184,20 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
 
 
 # Whether a decode step unrolls the layer loop or scans over the stacked layers. Unrolled, a step reads
-# per-layer copies of the weights (fused q|k|v and gate|up) made once per `generate` call; scanned, it reads
-# the parameters in place. On CPU, XLA copies every dynamic slice that feeds a matmul, so the scan copies
-# each layer's weights at every token. While a layer fits in the last-level cache that copy costs little
-# (it even prefetches the layer): at SmolLM2-135M's shape (30 layers of 14 MB) unrolled decode steps are no
-# faster (62 against 59 ms) and compile 3 s longer. A layer larger than the cache costs a DRAM round trip per
-# token: at Qwen2.5-0.5B's shape (24 layers of 60 MB) the unrolled step takes 183 ms against 262 ms, for
-# 1-3 s more compile. Unrolling holds the copy of the layer weights for the duration of the call (bounded below) and
-# compiles each layer apart. Measured on CPU only; other backends keep the small-model rule.
-# docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape").
+# per-layer copies of the weights (fused q|k|v and gate|up; on CPU laid out (out,in) for `left_matmul`) made
+# once per `generate` call; scanned, it reads the parameters in place. On CPU, XLA copies every dynamic slice
+# that feeds a matmul, so the scan copies each layer's weights at every token, and its matmuls keep x @ W.
+# At Qwen2.5-0.5B's shape (24 layers of 60 MB, larger than the last-level cache) the copy is a DRAM round
+# trip per layer per token: unrolled 183 against 262 ms per step before the weights went on the left, 155 ms
+# after. At SmolLM2-135M's (30 layers of 14 MB) the copy mostly prefetches a cached layer (unrolled 62
+# against 59 ms with x @ W), but with the weights on the left the unrolled step wins, 49.9 against 56.3 ms,
+# for 2-3 s more compile once (a rerun reads it from the compilation cache). Models with small layers keep
+# the scan: compilation grows with the layer count. Unrolling holds the copy of the layer weights for the
+# duration of the call (bounded below). Measured on CPU only; other backends keep the small-model rule.
+# docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape" and the section after it).
 DECODE_UNROLL_MAX_LAYERS = 8  # small models unroll, on every backend ...
 DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # ... up to this many bytes of layer weights
-DECODE_UNROLL_CPU_LAYER_BYTES = 32 * 2 ** 20  # on CPU, deeper models unroll when a layer is at least this big
+DECODE_UNROLL_CPU_LAYER_BYTES = 8 * 2 ** 20  # on CPU, deeper models unroll when a layer is at least this big
 DECODE_UNROLL_CPU_MAX_BYTES = 2 * 2 ** 30  # ... up to this many bytes of layer weights
 
 

@@ -16,7 +16,7 @@ iteration.
 The decoder's multi-token passes (score, update) scan over the stacked layers (`nn.scan`), so their
 programs do not grow with depth. The sampler's decode step unrolls the layer loop up to
 `jaxrl_llm.models.lm.DECODE_UNROLL_MAX_LAYERS` (8) layers and scans beyond (at this model's layer size: on CPU,
-layers of 32 MiB and more unroll at any depth): its compile time grows with depth up to 8 layers and is flat
+layers averaging 8 MiB or more unroll at any depth): its compile time grows with depth up to 8 layers and is flat
 after; the table says which form each depth got.
 
 Isolation. Each depth runs in a fresh subprocess (no jit, trace or lowering cache carries over) with the
@@ -201,7 +201,7 @@ def main(argv=None):
                      f"{hi['first_step_extra'] / lo['first_step_extra']:.2f}x")
     from jaxrl_llm.models.lm import DECODE_UNROLL_MAX_LAYERS
     lines.append(f"the sampler's decode step unrolls its layers up to {DECODE_UNROLL_MAX_LAYERS} layers and "
-                 "scans beyond at these layer sizes (on CPU, layers of 32 MiB and more unroll at any depth: "
+                 "scans beyond at these layer sizes (on CPU, layers averaging 8 MiB or more unroll at any depth: "
                  "jaxrl_llm/models/lm.py decode_unrolled); score and update scan at every depth")
     log(f"\n{machine_description()}\n\n{table}\n")
     for line in lines:

@@ -93,7 +93,9 @@ def test_bfloat16_sampler_float32_trainer_is_corrected(tmp_path):
     gap = {"rollout.compute_dtype": "bfloat16", "rollout.recompute_logprobs": True, "rollout.max_new_tokens": 4}
     trainer, m = one_step(tmp_path / "tis", "grpo", **gap, **{"correction.mode": "token_truncate"})
     assert m["sampler/logp_diff_max"] > 1e-4  # the sampler really is another policy
-    assert m["correction/mismatch_kl"] > 0 and m["correction/ess"] < 1 and m["correction/kept_frac"] == 1
+    # ... by little: the ESS, 1 - O(gap^2), is within float32's resolution of 1 here (0.99999988 or 1.0,
+    # depending on the rounding of the sampler's matmuls); the masked run below shows the tokens that differ.
+    assert m["correction/mismatch_kl"] > 0 and m["correction/ess"] <= 1 and m["correction/kept_frac"] == 1
     _, masked = one_step(tmp_path / "mask", "grpo", **gap, **{"correction.mode": "token_mask", "correction.cap": 1.0001})
     assert 0 < masked["correction/kept_frac"] < 1 and masked["correction/ess"] == pytest.approx(
         masked["correction/kept_frac"], rel=1e-5)

@@ -105,7 +105,11 @@ def test_one_step_with_continuous_batching(tmp_path):
 
 @pytest.mark.slow
 def test_reward_rises_on_easy_task(tmp_path):
-    """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's."""
+    """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's (~0.004).
+    How far in 150 steps depends on what the seed draws and on float rounding: over seeds 0-4 the gain
+    of the last 10 steps over the first 10 was 0.34-0.88 before the sampler's matmuls changed operand
+    order (2026-11-27) and 0.15-0.79 after, seed 0 stuck at ~0.16 from step 50 on; the bar sits under all
+    ten runs. A policy that does not learn stays at the random policy's reward."""
     c = tiny.get_config("algo=grpo")
     c.total_steps = 150
     c.data.task_weights = (1.0, 0.0, 0.0, 0.0)
@@ -118,7 +122,7 @@ def test_reward_rises_on_easy_task(tmp_path):
     rewards = np.array([h["reward/mean"] for h in history])
     print("reward by 10 steps:", np.round(rewards.reshape(-1, 10).mean(1), 3))
     assert rewards[:10].mean() < 0.1
-    assert rewards[-10:].mean() > rewards[:10].mean() + 0.2
+    assert rewards[-10:].mean() > rewards[:10].mean() + 0.1
 
 
 def test_resume_is_exact(tmp_path):

@@ -150,7 +150,7 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     dense = lambda y, name: _dense_step(y, w, name, dt)
 
     y = rms_norm(x, w["input_norm"], c.rms_norm_eps, off)
-    if "qkv" in w or "qkv_t" in w:
+    if _has(w, "qkv"):
         q, k, v = jnp.split(dense(y, "qkv"), [h * hd, (h + kvh) * hd], axis=-1)
     else:
         q, k, v = dense(y, "q"), dense(y, "k"), dense(y, "v")
@@ -172,7 +172,8 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     if c.num_experts:
         m, experts, _ = sparse_mlp(c, w["moe"], y, sparse) if c.mixed_mlp else moe_mlp(c, w["moe"], y)
     if not c.num_experts or (c.mixed_mlp and sparse is not True):  # a static True: the experts alone
-        gate, up = jnp.split(dense(y, "gate_up"), 2, axis=-1) if "gate_up" in w or "gate_up_t" in w else (dense(y, "gate"), dense(y, "up"))
+        gate, up = (jnp.split(dense(y, "gate_up"), 2, axis=-1) if _has(w, "gate_up")
+                    else (dense(y, "gate"), dense(y, "up")))
         mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "act_mlp"))
         mlp = dense(mid, "down")
         m = mlp if not c.num_experts or sparse is False else jnp.where(sparse, m, mlp)
@@ -195,6 +196,11 @@ def _cache_write(cache, k, v, index, layer):
     at = (jnp.arange(k.shape[0]),) if layer is None else (layer, jnp.arange(k.shape[0]))
     return (ck.at[(*at, slice(None), slice(None), index)].set(k[..., 0].astype(ck.dtype)),
             cv.at[(*at, slice(None), index)].set(v[:, :, 0].astype(cv.dtype)))
+
+
+def _has(w, name) -> bool:
+    """Whether `decode_weights` gave the weight `name`, in either layout ((in,out), or (out,in) as name_t)."""
+    return name in w or f"{name}_t" in w
 
 
 def _dense_step(x, w, name, dt):

@@ -53,8 +53,8 @@ import numpy as np
 
 from jaxrl_llm import distributed as dist
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.lm import (decode_layer_weights, decode_prepare, decode_step, decode_unrolled, init_cache,
-                                 decode_logits, prefill)
+from jaxrl_llm.models.lm import (decode_layer_weights, decode_logits, decode_prepare, decode_step, decode_unrolled,
+                                 init_cache, prefill)
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
 from jaxrl_llm.sampling.draw import check_penalties, draw_tokens, row_uniforms

@@ -2,6 +2,7 @@
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -137,11 +138,14 @@ def test_scanned_decode_path_equals_unrolled(qwen, monkeypatch):
     assert int(np.asarray(r.mask).sum()) > 9 and _trainer_logprob_gap(config, params, r, 1.0) <= 1e-4
 
 
-def _decode_dot_shapes(config, params, tokens, mask, n):
-    """Result shapes of the 2-D matmuls of the compiled sampler's decode loop (its layers and LM head)."""
-    text = generate_program.lower(config, params, tokens, mask, jax.random.PRNGKey(0), 1.0, 1.0, max_new_tokens=4,
-                                  num_samples=n // tokens.shape[0], top_k=0, greedy=False, nucleus=False,
-                                  eos_ids=(EOS,), pad_id=PAD).compile().as_text()
+def _decode_dot_shapes(config, params, tokens, mask, rng, **kw):
+    """Result shapes of the 2-D matmuls of the compiled sampler's decode loop (its layers and LM head), the
+    program `generate(config, params, tokens, mask, rng, temperature=1.0, **kw)` runs (its compilation reused)."""
+    f32, i32 = jnp.float32, lambda a: jnp.asarray(a, jnp.int32)
+    text = generate_program.lower(
+        config, params, i32(tokens), i32(mask), rng, f32(1.0), f32(1.0), f32(1.0), f32(0.0),
+        max_new_tokens=kw["max_new_tokens"], num_samples=kw["num_samples"], top_k=0, greedy=False, nucleus=False,
+        eos_ids=tuple(kw["eos_ids"]), pad_id=kw["pad_id"], penalize=False, use_min_p=False).compile().as_text()
     dots = [line for line in text.splitlines() if " dot(" in line and "batch_dims" not in line
             and re.search(r"while/body/(layers|lm_head)/", line)]
     return [tuple(int(d) for d in re.search(r"= f32\[(\d+),(\d+)\]", line).groups()) for line in dots]
@@ -158,16 +162,16 @@ def test_decode_with_weights_on_left_equals_x_times_w(variant, tmp_path, monkeyp
     make_hf_model(str(tmp_path), variant, seed=2)
     config, params = load_hf(str(tmp_path))
     tokens, mask = _prompts(4)
-    n = 6  # 3 prompts x 2
-    assert decode.weights_on_left() and lm_decode_unrolled(config)
-    left_shapes = _decode_dot_shapes(config, params, tokens, mask, n)
+    n, rng = 6, jax.random.PRNGKey(5)  # 3 prompts x 2
     kw = dict(max_new_tokens=9, num_samples=2, eos_ids=[EOS, 7], pad_id=PAD)
-    runs = {"left": generate(config, params, tokens, mask, jax.random.PRNGKey(5), temperature=1.0, **kw)}
+    assert decode.weights_on_left() and lm_decode_unrolled(config)
+    runs = {"left": generate(config, params, tokens, mask, rng, temperature=1.0, **kw)}
+    left_shapes = _decode_dot_shapes(config, params, tokens, mask, rng, **kw)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the tiny model stays unrolled
     jax.clear_caches()
     assert not decode.weights_on_left() and lm_decode_unrolled(config)
-    right_shapes = _decode_dot_shapes(config, params, tokens, mask, n)
-    runs["right"] = generate(config, params, tokens, mask, jax.random.PRNGKey(5), temperature=1.0, **kw)
+    runs["right"] = generate(config, params, tokens, mask, rng, temperature=1.0, **kw)
+    right_shapes = _decode_dot_shapes(config, params, tokens, mask, rng, **kw)
     jax.clear_caches()
     # 4 matmuls a layer (qkv, o, gate|up, down) and the LM head, as (rows, cols) of their results
     head_left = config.tie_word_embeddings  # an untied (D,V) head keeps x @ W: no copy of it

@@ -197,13 +197,13 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
 # docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape" and the section after it).
 DECODE_UNROLL_MAX_LAYERS = 8  # small models unroll, on every backend ...
 DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # ... up to this many bytes of layer weights
-DECODE_UNROLL_CPU_LAYER_BYTES = 8 * 2 ** 20  # on CPU, deeper models unroll when a layer is at least this big
+DECODE_UNROLL_CPU_LAYER_BYTES = 8 * 2 ** 20  # on CPU, deeper models unroll when their layers average this much
 DECODE_UNROLL_CPU_MAX_BYTES = 2 * 2 ** 30  # ... up to this many bytes of layer weights
 
 
 def decode_unrolled(config: ModelConfig) -> bool:
     """Whether decode steps unroll the layer loop (see DECODE_UNROLL_*): small models, and on CPU the
-    models whose layers are too large for the scan's per-token copy to be cheap."""
+    models whose layers are large enough for the unrolled step's gain to outweigh compiling each layer."""
     c = config
     layer_weights = c.num_params() - c.hidden_size * (1 + c.vocab_size * (1 if c.tie_word_embeddings else 2))
     nbytes = layer_weights * jnp.dtype(c.param_dtype).itemsize

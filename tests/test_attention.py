@@ -110,6 +110,46 @@ def test_segment_ids_attend_within_their_segment_only():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_branch_ids_see_their_shared_prompt_and_themselves(window):
+    """Shared-prompt packing's (segment, branch) ids: a key is visible iff same segment, causal, real, and
+    of branch 0 (the prompt) or the query's own branch, and (windowed) within the window by positions.
+    The visibility is built here by a loop; blockwise (outputs and gradients), the dense path and the
+    cuDNN wrapper (through the reference implementation) against it."""
+    q, k, v, w = _qkv(4)
+    mask = _mask()
+    seg = np.ones((N, S), np.int32)
+    seg[:, 11:] = 2
+    br = np.zeros((N, S), np.int32)
+    br[:, 4:7], br[:, 7:9], br[:, 9:11] = 1, 2, 3  # prompt 0..3, three branches; then a second segment
+    br[:, 12:] = 4
+    pos = np.where(br == 0, np.arange(S) % 11, 0)
+    for n in range(N):
+        for b in (1, 2, 3, 4):
+            idx = np.flatnonzero(br[n] == b)
+            pos[n, idx] = (4 if b < 4 else 1) + np.arange(len(idx))  # each branch continues its prompt
+    visible = np.zeros((N, S, S), bool)
+    for n in range(N):
+        for i in range(S):
+            for j in range(i + 1):
+                visible[n, i, j] = bool(mask[n, j]) and seg[n, i] == seg[n, j] and br[n, j] in (0, br[n, i]) \
+                    and (window is None or pos[n, i] - pos[n, j] < window)
+    ids, positions = (jnp.asarray(seg), jnp.asarray(br)), jnp.asarray(pos)
+    win = None if window is None else jnp.int32(window)
+    np.testing.assert_array_equal(np.asarray(dense_mask(mask, ids, win, positions)), visible)
+    rows = jnp.asarray(visible.any(-1))[..., None, None]
+    ours = lambda q, k, v: blockwise_attend(q, k, v, mask, ids, block_q=3, block_k=4, window=win, positions=positions)
+    np.testing.assert_allclose(np.where(rows, ours(q, k, v), 0), np.where(rows, reference(q, k, v, visible), 0),
+                               atol=1e-5)
+    xla = lambda q, k, v: dense_attend(q, k, v, jnp.asarray(visible))
+    w = w * rows
+    for a, b in zip(jax.grad(_loss(ours, w), (0, 1, 2))(q, k, v), jax.grad(_loss(xla, w), (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    if window is None:  # (the wrapper's window goes through with_static_window: a separate test)
+        cud = cudnn_attend(q, k, v, mask, ids, implementation="xla", positions=positions)  # 13: padded to even
+        np.testing.assert_allclose(np.where(rows, cud, 0), np.where(rows, reference(q, k, v, visible), 0), atol=1e-5)
+
+
 def _prefix(seed=3, b=2, p=7):
     r = np.random.default_rng(seed)
     pk = jnp.asarray(r.standard_normal((b, p, KV, HD)), jnp.float32)
@@ -215,6 +255,11 @@ def test_auto_choice():
     assert pick("gpu", jnp.float32) == "blockwise" and pick("gpu", hd=60) == "blockwise"
     assert pick("gpu", hd=256) == "blockwise" and pick("gpu", segments=True) == "blockwise"
     assert pick("tpu") == "splash"
+    shared = lambda backend, name="auto": resolve_attention(name, backend=backend, dtype=jnp.bfloat16, head_dim=64,
+                                                            keys=512, segments=True, branches=True)
+    assert shared("tpu") == "blockwise" and shared("gpu") == "blockwise" and shared("tpu", "blockwise") == "blockwise"
+    with pytest.raises(ValueError, match="train.pack_share_prompt=false"):
+        shared("tpu", "splash")
     for name in ("xla", "blockwise"):
         assert pick("cpu", name=name) == name and pick("gpu", name=name) == name
     with pytest.raises(ValueError, match="model.attention='cudnn' needs bfloat16"):

@@ -16,7 +16,7 @@ from jaxrl_llm import envs
 from jaxrl_llm.data import builtin_tokenizer
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import init_params, positions_from_mask
-from jaxrl_llm.models.packing import plan_packs, sequence_lengths
+from jaxrl_llm.models.packing import plan_packs, plan_shared_packs, sequence_lengths
 from jaxrl_llm.models.transformer import Decoder
 from jaxrl_llm.sampling import generate
 from jaxrl_llm.trainer.episodes import sample_episodes
@@ -82,9 +82,17 @@ def passes(moe):
     return fresh_routes, jax.jit(lambda p, b, pack: logp_of(c, p, b, 1.0, pack=pack, pack_length=32))
 
 
-def _pack(b, length=32):
+def _pack(b, length=32, shared=False):
+    """A packing plan of the batch: a prompt copy per completion, or (shared) once per row for its group."""
     lengths = np.asarray(sequence_lengths(b["prompt_mask"], b.get("attention_mask", b["mask"])))
-    return {k: jnp.asarray(v[0]) for k, v in plan_packs(lengths[None], length).items()}
+    if shared:
+        plen = np.repeat(np.asarray(b["prompt_mask"]).sum(1), G)
+        plan = plan_shared_packs(plen[None], lengths[None], G, length)
+        starts = [(n // G, r, o) for n, (r, o) in enumerate(zip(plan["row"][0], plan["prompt_offset"][0])) if r >= 0]
+        assert len(set(starts)) < len(starts)  # some prompt copy serves two completions
+    else:
+        plan = plan_packs(lengths[None], length)
+    return {k: jnp.asarray(v[0]) for k, v in plan.items()}
 
 
 @pytest.mark.parametrize("which", ["slots_batch", "episode_batch"])
@@ -100,7 +108,7 @@ def test_recorded_routes_are_a_full_forwards_and_replay_keeps_the_identity(moe, 
     assert valid.sum() > 30 and same[:, valid].all()
     sampler_logp = request.getfixturevalue(which)[0].logprobs
     m = np.asarray(b["mask"]).astype(bool)
-    for pack in (None, _pack(b)):  # unpacked and packed: the float32 identity
+    for pack in (None, _pack(b), _pack(b, shared=True)):  # unpacked and packed: the float32 identity
         assert np.abs(np.asarray(logp(params, b, pack)) - np.asarray(sampler_logp))[m].max() <= 1e-5
 
 
@@ -117,8 +125,9 @@ def test_a_perturbed_router_routes_afresh_unless_the_routes_are_replayed(moe, pa
     assert (~np.all(np.sort(recorded, -1) == np.sort(fresh, -1), -1))[:, valid].mean() > 0.2
     m = np.asarray(b["mask"]).astype(bool)
     plain = {k: v for k, v in b.items() if k not in ("routes", "prompt_routes")}
-    unpacked, packed = np.asarray(logp(moved, b, None)), np.asarray(logp(moved, b, _pack(b)))
-    assert np.abs(packed - unpacked)[m].max() <= 1e-5  # packing carries every token's route
+    unpacked = np.asarray(logp(moved, b, None))
+    for pack in (_pack(b), _pack(b, shared=True)):
+        assert np.abs(np.asarray(logp(moved, b, pack)) - unpacked)[m].max() <= 1e-5  # packing carries every route
     for afresh in (logp(moved, plain, None), logp(moved, plain, _pack(b))):
         assert np.abs(np.asarray(afresh) - unpacked)[m].max() > 1e-3
 

@@ -11,8 +11,8 @@ import pytest
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
 from jaxrl_llm.models.lm import init_params
-from jaxrl_llm.models.packing import (first_fit_decreasing, pack_rows, packed_logprobs, packed_values, plan_packs,
-                                      sequence_lengths)
+from jaxrl_llm.models.packing import (first_fit_decreasing, first_fit_shared, pack_layout, pack_rows, packed_logprobs,
+                                      packed_values, plan_packs, plan_shared_packs, sequence_lengths)
 from jaxrl_llm.models.value import init_value_params
 from jaxrl_llm.trainer import Trainer
 
@@ -69,20 +69,97 @@ def test_plans_are_valid_packings_and_rows_are_bucketed():
         first_fit_decreasing(np.array([3, 11]), 10)
 
 
-@pytest.mark.parametrize("attention", ["xla", "blockwise"])
-def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention):
-    """Against the unpacked prompt-shared pass (the reference): 1e-5 on every real token, float32."""
+def shared_plan(pm, cm, length):
+    lengths = np.asarray(sequence_lengths(pm, cm))
+    return single(plan_shared_packs(np.repeat(np.asarray(pm).sum(1), G)[None], lengths[None], G, length))
+
+
+def test_shared_plans_are_valid_packings():
+    """first_fit_shared on random groups: every branch and every prompt copy inside its row, no two
+    overlapping; a group's completions in one row share one copy (a single row: one copy per prompt);
+    never more slots than with a prompt copy per completion (first_fit_decreasing); first fit's row bound."""
+    rng = np.random.default_rng(2)
+    more = 0
+    for trial in range(200):
+        g, length = int(rng.integers(1, 9)), int(rng.integers(12, 80))
+        b = int(rng.integers(1, 7))
+        plen = np.repeat(rng.integers(1, 9, b), g)
+        ext = rng.integers(0, length - 8, b * g) * (rng.random(b * g) > 0.15)
+        lengths = np.where(ext > 0, plen + ext, 0)
+        row, offset, poff, fills = first_fit_shared(plen, lengths, g, length)
+        used = np.zeros((len(fills), length), int)
+        copies = {}
+        for n in range(b * g):
+            assert (row[n] < 0) == (lengths[n] == 0)
+            if row[n] < 0:
+                continue
+            copies.setdefault((row[n], n // g), set()).add(int(poff[n]))
+            used[row[n], offset[n] + plen[n] - 1:offset[n] + lengths[n]] += 1  # the branch: positions plen-1..
+        for (r, grp), starts in copies.items():
+            assert len(starts) == 1  # one copy per row and group
+            used[r, min(starts):min(starts) + plen[grp * g] - 1] += 1
+        assert used.max(initial=0) <= 1 and list(used.sum(axis=1)) == fills
+        if len(fills) == 1:  # everything fits one row: one copy of each prompt
+            assert len(copies) == len({n // g for n in range(b * g) if lengths[n]})
+        _, _, fills_rep = first_fit_decreasing(lengths, length)
+        assert sum(fills) <= sum(fills_rep) and -(-sum(fills) // length) <= len(fills) <= 2 * sum(fills) / length + 1
+        more += len(fills) > len(fills_rep)
+    assert more <= 10  # rarely more rows than a copy per completion (it fits whole groups first)
+    with pytest.raises(ValueError, match="train.pack_length=10"):
+        first_fit_shared(np.array([3, 3]), np.array([3, 11]), 2, 10)
+
+
+def test_shared_layout_holds_each_prompt_once(batch):
+    """The packed rows of a shared plan: each prompt once per row with its completions, each completion
+    after its prompt's last token again (one branch), positions as unpacked, and the slots the log-probs are
+    read from predicting their own completion's token."""
+    pt, pm, ct, cm, _ = batch
+    plan = shared_plan(pm, cm, 64)
+    packed, source, valid = pack_layout(pt, pm, ct, cm, plan, 64)
+    assert plan["slots"].shape == (1,)  # one row of 64
+    toks, seg, br = (np.asarray(packed[k])[0] for k in ("tokens", "segment_ids", "branch_ids"))
+    # 39 tokens (43 with a prompt copy per completion: prompts 0 and 2, of 2 and 4 tokens, once less)
+    assert (seg > 0).sum() == 39 == plan["slots"][0] and len(set(seg[seg > 0])) == 3
+    for n in range(B * G):
+        if CLENS[n] == 0:
+            assert not np.any(br == n + 1)
+            continue
+        mine = np.flatnonzero(br == n + 1)
+        plen = PLENS[n // G]
+        assert list(toks[mine]) == [pt[n // G, -1]] + list(ct[n, :CLENS[n]])  # the prompt's last token, then its own
+        assert list(np.asarray(packed["positions"])[0, mine]) == list(range(plen - 1, plen + CLENS[n]))
+        prompt = np.flatnonzero((seg == seg[mine[0]]) & (br == 0))
+        assert list(toks[prompt]) == list(pt[n // G, P - plen:P - 1])
+        flat_next = np.roll(np.asarray(packed["tokens"]).reshape(-1), -1)
+        real = np.flatnonzero(cm[n])
+        assert list(flat_next[np.asarray(source)[n, real]]) == list(ct[n, real])
+
+
+@pytest.mark.parametrize("attention,kind", [("xla", "repeated"), ("blockwise", "repeated"), ("xla", "shared"),
+                                            ("blockwise", "shared"), ("blockwise", "shared-split")])
+def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, kind):
+    """Against the unpacked prompt-shared pass (the reference): 1e-5 on every real token, float32. Plans:
+    a prompt copy per completion; shared prompts (rows of 40); shared in rows of 14, where prompt 0's group
+    does not fit a row and is split (two copies of its prompt)."""
     pt, pm, ct, cm, w = batch
     mc = model(attention)
     params = init_params(mc, jax.random.PRNGKey(0))
-    plan = single(plan_packs(np.asarray(sequence_lengths(pm, cm))[None], L))
-    assert plan["slots"].shape == (3,) and (plan["row"][3] == -1)  # 43 real tokens in 3 rows of 20; row 3 dropped
+    if kind == "repeated":
+        plan, length = single(plan_packs(np.asarray(sequence_lengths(pm, cm))[None], L)), L
+        assert plan["slots"].shape == (3,) and (plan["row"][3] == -1)  # 43 real tokens in 3 rows of 20; row 3 dropped
+    else:
+        length = 14 if kind == "shared-split" else 2 * L
+        plan = shared_plan(pm, cm, length)
+        assert plan["row"][3] == -1
+        # group 0 (a prompt of 2, completions of 1 and 12): 1 + 2 + 13 = 16 tokens shared, split in rows of 14
+        assert (plan["row"][0] != plan["row"][1]) == (kind == "shared-split"), plan
+    L_ = length
 
     def ref(p):
         return logprobs_from_hidden(mc, p, completion_hidden(mc, p, pt, pm, ct, cm), ct, 0.7, with_entropy=True)
 
     def packed(p):
-        return packed_logprobs(mc, p, pt, pm, ct, cm, plan, L, 0.7, with_entropy=True)
+        return packed_logprobs(mc, p, pt, pm, ct, cm, plan, L_, 0.7, with_entropy=True)
 
     loss = lambda f: lambda p: sum(jnp.sum(x * w) for x in f(p))
     la, ga = jax.jit(jax.value_and_grad(loss(ref)))(params)
@@ -97,11 +174,27 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention):
     vp = init_value_params(mc, params, jax.random.PRNGKey(1), head_std=0.5)
     ext_t, ext_m = np.pad(ct, ((0, 0), (0, 1))), np.pad(cm, ((0, 0), (0, 1)), constant_values=1)
     want = jax.jit(lambda v: value_head(mc, v, completion_hidden(mc, v["backbone"], pt, pm, ext_t, ext_m)))(vp)
-    got = jax.jit(lambda v: packed_values(mc, v, pt, pm, ct, cm, plan, L, lambda h: value_head(mc, v, h),
+    got = jax.jit(lambda v: packed_values(mc, v, pt, pm, ct, cm, plan, L_, lambda h: value_head(mc, v, h),
                                           last=True))(vp)
     assert got.shape == (B * G, T + 1)
     np.testing.assert_allclose(np.where(cm > 0, got[:, :-1], 0), np.where(cm > 0, want[:, :-1], 0), atol=1e-5)
     np.testing.assert_allclose(got[1, -1], want[1, -1], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["xla", "blockwise"])
+def test_shared_packing_with_a_sliding_window_equals_unpacked(batch, attention):
+    """A windowed layer (window 3) and a full one: through shared prompts the window must measure positions
+    (a branch's tokens sit after other branches, not after their prompt); log-probs equal unpacked."""
+    pt, pm, ct, cm, _ = batch
+    mc = model(attention).replace(sliding_window=3, layer_types=("sliding_attention", "full_attention"))
+    params = init_params(mc, jax.random.PRNGKey(0))
+    plan = shared_plan(pm, cm, 2 * L)
+    want = jax.jit(lambda p: logprobs_from_hidden(mc, p, completion_hidden(mc, p, pt, pm, ct, cm), ct))(params)
+    got = jax.jit(lambda p: packed_logprobs(mc, p, pt, pm, ct, cm, plan, 2 * L))(params)
+    np.testing.assert_allclose(np.where(cm > 0, got, 0), np.where(cm > 0, want, 0), atol=1e-5)
+    wide = jax.jit(lambda p: packed_logprobs(mc.replace(sliding_window=None, layer_types=()), p, pt, pm, ct, cm,
+                                             plan, 2 * L))(params)
+    assert np.abs(np.where(cm > 0, wide - want, 0)).max() > 1e-3  # the window matters here
 
 
 def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch):

@@ -164,7 +164,8 @@ def measure_update(trainer, *, repeats: int, extra: dict | None = None):
 
 def stage_times(ours, repeats: int) -> dict[str, float]:
     """Median seconds of each stage of `train_step`, each synchronized: rollout (generation + rewards on
-    the host), reference log-probs, advantages, the update. Uses the trainer's own jitted functions."""
+    the host), [the packing plans,] reference log-probs, advantages, the update. Uses the trainer's own
+    jitted functions and, with train.pack_length, its packer."""
 
 
     import jax
@@ -183,11 +184,13 @@ def stage_times(ours, repeats: int) -> dict[str, float]:
         local, _, _ = timed("generate + rewards", lambda: t.rollouts.collect(state.params, key))
         b = timed("to device", lambda: t.rollouts.device_batch(local))
         ref = state.ref_params if state.ref_params is not None else t.frozen_ref
-        b.update(timed("reference log-probs", lambda: t.fns.score(state, ref, b)))
+        pack = timed("packing plans (host)", lambda: t.packer.score(b)) if t.packer else None
+        b.update(timed("reference log-probs", lambda: t.fns.score(state, ref, b, pack)))
         b.setdefault("old_logp", b["behavior_logp"])
         b.update(timed("advantages", lambda: t.fns.prepare(b, state.kl.value))[0])
         pidx = jax.numpy.arange(t.c.rollout.batch_prompts)
-        state, _ = timed("update (fwd + bwd + AdamW)", lambda: t.fns.update(state, b, pidx))
+        plan = t.packer.update(pidx) if t.packer else None
+        state, _ = timed("update (fwd + bwd + AdamW)", lambda: t.fns.update(state, b, pidx, plan))
         if i == 0:
             rows = {}
     ours.state = state

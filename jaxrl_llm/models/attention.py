@@ -10,8 +10,10 @@ log-sum-exp. Causal passes visit only the key blocks at or below the diagonal: t
 data-independent but per-block trip counts, so blocks above the diagonal are never computed.
 
 Which keys a query sees is given by segment ids: query i sees key j iff q_seg[i] == kv_seg[j], kv_seg[j]
->= 0 and (causal) j <= i. A key mask is kv_seg = -1 on masked keys; packing later gives each packed
-sequence its own id (positions are RoPE's business, supplied separately). A query with no visible key
+>= 0 and (causal) j <= i. A key mask is kv_seg = -1 on masked keys; packing gives each packed
+sequence its own id (positions are RoPE's business, supplied separately). Packing that shares a prompt
+among its completions (models/packing.py) adds branch ids: key j is then also visible only if its branch
+is 0 (the segment's shared prompt) or the query's own. A query with no visible key
 (a fully padded row) gets zeros and a log-sum-exp of `EMPTY_LSE`: finite, never NaN, in both passes.
 """
 from __future__ import annotations
@@ -59,12 +61,13 @@ def _query_block_start(j, bq, bk, causal):
     return (j * bk) // bq if causal else 0
 
 
-def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal, softcap=None, win=None):
+def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal, softcap=None, win=None, br=None):
     """Scores of one tile, which of them are visible, and d(capped score)/d(raw score).
 
     q_blk (N,Hkv,bq,R,hd), k_blk (N,Hkv,bk,hd), q_seg (N,bq), kv_seg (N,bk) int32; q0, k0 the tile's first
     query/key index; win None or (q_idx (N,bq), kv_idx (N,bk), window): key j visible only if
-    q_idx - kv_idx < window. Returns s (N,Hkv,bq,R,bk) float32 (soft-capped) with masked entries at
+    q_idx - kv_idx < window; br None or (q_branch (N,bq), kv_branch (N,bk)): key j visible only if its
+    branch is 0 or the query's. Returns s (N,Hkv,bq,R,bk) float32 (soft-capped) with masked entries at
     MASKED_SCORE, valid broadcastable to it: (N,1,bq,1,bk) bool, and the cap's derivative (1 without cap).
     """
     s = jnp.einsum("nkqrd,nkcd->nkqrc", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
@@ -73,6 +76,9 @@ def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal, softcap=None, win=
         t = jnp.tanh(s / softcap)
         s, dcap = t * softcap, 1.0 - t * t
     valid = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] >= 0)
+    if br is not None:
+        q_br, kv_br = br
+        valid = valid & ((kv_br[:, None, :] == 0) | (kv_br[:, None, :] == q_br[:, :, None]))
     if causal:
         qi = q0 + jnp.arange(q_seg.shape[1])
         kj = k0 + jnp.arange(kv_seg.shape[1])
@@ -114,22 +120,28 @@ def _win_layout(win, s, kp, sp):
     return pad(q_idx, sp), pad(kv_idx, kp), window
 
 
-def _tile_windows(win, s, bq, bk, nq, nk):
-    """(the window or None, tile_win(i, j): tile (i, j)'s query and key index slices and the window, or
-    None without a window), shared by the forward and the backward pass."""
+def _tile_windows(win, branches, s, bq, bk, nq, nk):
+    """(the window that bounds which key blocks a query block visits, or None; tile_win(i, j): tile (i, j)'s
+    query and key index slices and the window, or None without a window; tile_br(i, j): its branch ids, or
+    None), shared by the forward and the backward pass. With branches a window is measured in positions
+    that jump between branches, so no key block is skipped for it (the mask still applies it)."""
     win_p = _win_layout(win, s, nk * bk, nq * bq)
     tile_win = lambda i, j: None if win_p is None else (
         jax.lax.dynamic_slice_in_dim(win_p[0], i * bq, bq, axis=1),
         jax.lax.dynamic_slice_in_dim(win_p[1], j * bk, bk, axis=1), win_p[2])
-    return (None if win is None else win[2]), tile_win
+    br_p = _win_layout(None if branches is None else (*branches, None), s, nk * bk, nq * bq)
+    tile_br = lambda i, j: None if br_p is None else (
+        jax.lax.dynamic_slice_in_dim(br_p[0], i * bq, bq, axis=1),
+        jax.lax.dynamic_slice_in_dim(br_p[1], j * bk, bk, axis=1))
+    return (None if win is None or branches is not None else win[2]), tile_win, tile_br
 
 
-def _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softcap):
+def _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, scale, softcap):
     n, s, h, hd = q.shape
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
     scale = hd ** -0.5 if scale is None else scale
-    window, tile_win = _tile_windows(win, s, bq, bk, nq, nk)
+    window, tile_win, tile_br = _tile_windows(win, branches, s, bq, bk, nq, nk)
     slice_k = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=x.ndim - 2 if x.ndim == 4 else 1)
 
     def query_block(i):
@@ -139,7 +151,7 @@ def _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softc
         def key_block(j, carry):
             m, l, acc = carry
             sc, valid, _ = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), i * bq, j * bk, scale, causal,
-                                 softcap, tile_win(i, j))
+                                 softcap, tile_win(i, j), tile_br(i, j))
             m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
             p = jnp.where(valid, jnp.exp(sc - m_new[..., None]), 0.0)
             corr = jnp.exp(m - m_new)
@@ -163,14 +175,14 @@ def _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softc
 
 
 def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
-    q, k, v, q_seg, kv_seg, win, out, lse = res
+    q, k, v, q_seg, kv_seg, win, branches, out, lse = res
     d_out, d_lse = cotangents
     n, s, h, hd = q.shape
     kvh, r = k.shape[2], h // k.shape[2]
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
     scale = hd ** -0.5 if scale is None else scale
-    window, tile_win = _tile_windows(win, s, bq, bk, nq, nk)
+    window, tile_win, tile_br = _tile_windows(win, branches, s, bq, bk, nq, nk)
     sp = nq * bq
     rows = lambda x: jnp.pad(x.reshape(n, s, kvh, r, *x.shape[3:]).swapaxes(1, 2),
                              ((0, 0), (0, 0), (0, sp - s), (0, 0)) + ((0, 0),) * (x.ndim - 3))
@@ -189,7 +201,8 @@ def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
             dq, dk, dv = carry
             q_blk, do_blk = q_slice(qh, i), q_slice(doh, i)
             qs = jax.lax.dynamic_slice_in_dim(q_seg_p, i * bq, bq, axis=1)
-            sc, valid, dcap = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal, softcap, tile_win(i, j))
+            sc, valid, dcap = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal, softcap, tile_win(i, j),
+                                    tile_br(i, j))
             p = jnp.where(valid, jnp.exp(sc - q_slice(lse_h, i)[..., None]), 0.0)
             dv = dv + jnp.einsum("nkqrc,nkqrd->nkcd", p.astype(v.dtype), do_blk, preferred_element_type=jnp.float32)
             dp = jnp.einsum("nkqrd,nkcd->nkqrc", do_blk, v_blk, preferred_element_type=jnp.float32)
@@ -207,12 +220,12 @@ def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qh.shape, jnp.float32), jnp.arange(nk))
     dq = dq.transpose(0, 2, 1, 3, 4).reshape(n, sp, h, hd)[:, :s].astype(q.dtype)
     unblock = lambda x, like: x.transpose(1, 0, 3, 2, 4).reshape(n, nk * bk, kvh, hd)[:, :like.shape[1]].astype(like.dtype)
-    return dq, unblock(dk, k), unblock(dv, v), None, None, None
+    return dq, unblock(dk, k), unblock(dv, v), None, None, None, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q=DEFAULT_BLOCK_Q,
-                    block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, win=None):
+                    block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, win=None, branches=None):
     """Softmax attention by blocks, with GQA; float32 softmax and accumulation.
 
     q (N,S,H,hd); k, v (N,K,Hkv,hd), same dtype as q; q_segment_ids (N,S) int; kv_segment_ids (N,K) int,
@@ -223,17 +236,20 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q
     window int32 scalar): query i also needs q_idx[i] - kv_idx[j] < window; causal passes take the
     indices to be the positions 0.. and skip the key blocks wholly outside the window. scale: of the
     scores (default hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap), before the mask.
+    branches: None or (q_branch (N,S), kv_branch (N,K) int): key j also needs branch 0 or the query's
+    (a prompt shared by its completions in one packed segment); a window then skips no key block.
     """
     with precision.precision_for(q.dtype):
-        return _forward(q, k, v, q_segment_ids, kv_segment_ids, win, causal, block_q, block_k, scale, softcap)
+        return _forward(q, k, v, q_segment_ids, kv_segment_ids, win, branches, causal, block_q, block_k, scale,
+                        softcap)
 
 
 # float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced when the
 # gradient is taken, after the model function and its precision context returned: they say so themselves.
-def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k, scale, softcap, win):
+def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k, scale, softcap, win, branches):
     with precision.precision_for(q.dtype):
-        out, lse = _forward(q, k, v, q_seg, kv_seg, win, causal, block_q, block_k, scale, softcap)
-    return (out, lse), (q, k, v, q_seg, kv_seg, win, out, lse)
+        out, lse = _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, scale, softcap)
+    return (out, lse), (q, k, v, q_seg, kv_seg, win, branches, out, lse)
 
 
 def _flash_bwd(causal, block_q, block_k, scale, softcap, res, cotangents):
@@ -242,6 +258,14 @@ def _flash_bwd(causal, block_q, block_k, scale, softcap, res, cotangents):
 
 
 flash_attention.defvjp(_flash_fwd, _flash_bwd)
+
+
+def split_segments(segment_ids):
+    """(segment ids or None, branch ids or None) of `segment_ids`: None, an (N,S) array, or a (segment,
+    branch) pair for packed rows whose prompt is shared by its completions (models/packing.py)."""
+    if isinstance(segment_ids, (tuple, list)):
+        return segment_ids[0], segment_ids[1]
+    return segment_ids, None
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -259,18 +283,23 @@ def blockwise_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, block_
     """Causal self-attention among the S tokens [+ a shared prompt prefix], blockwise. Same contract as
     kernels.dense_attend, with the mask given by its parts instead of a dense (N,S,S) array.
 
-    q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool: the real tokens; segment_ids None or (N,S) int
-    >= 0 (a query sees only keys of its own segment). prefix: None or (pk, pv, pmask), pk/pv (B,P,Hkv,hd),
+    q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool: the real tokens; segment_ids None, (N,S) int
+    >= 0 (a query sees only keys of its own segment), or a (segment, branch) pair of them (kernels.py: a
+    shared prompt's packed completions; the window then measures `positions`). prefix: None or (pk, pv, pmask), pk/pv (B,P,Hkv,hd),
     pmask (B,P) bool, row n = b*G + g sees prompt b; the G rows' queries are grouped per prompt against
     the prefix keys (never copied G times) and merged with the self part by log-sum-exp. scale, softcap,
     window as in kernels.attend. Returns (N,S,H,hd).
     """
     n, s, h, hd = q.shape
+    segment_ids, branch = split_segments(segment_ids)
     seg = jnp.zeros((n, s), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
     kv_seg = jnp.where(key_mask.astype(bool), seg, -1)
     idx = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (n, s))
+    if branch is not None:  # branches interleave: distances are positions, not indices
+        idx = positions.astype(jnp.int32)
     win = None if window is None else (idx, idx, window)
-    out, lse = flash_attention(q, k, v, seg, kv_seg, True, block_q, block_k, scale, softcap, win)
+    branches = None if branch is None else (branch.astype(jnp.int32),) * 2
+    out, lse = flash_attention(q, k, v, seg, kv_seg, True, block_q, block_k, scale, softcap, win, branches)
     if prefix is None:
         return out
     pk, pv, pmask = prefix

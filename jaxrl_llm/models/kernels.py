@@ -1,7 +1,9 @@
 """The attention implementations behind `model.attention`, and the choice among them.
 
 Shapes as in transformer.py: q (N,S,H,hd); k, v (N,S,Hkv,hd); key_mask (N,S) bool (the real tokens);
-segment_ids None or (N,S) int >= 0; prefix None or (pk, pv (B,P,Hkv,hd), pmask (B,P) bool), row
+segment_ids None, (N,S) int >= 0, or a (segment, branch) pair of them (packed rows whose prompt its
+completions share: a key is also visible only if its branch is 0, the prompt, or the query's own; windows
+then measure positions); prefix None or (pk, pv (B,P,Hkv,hd), pmask (B,P) bool), row
 n = b*G + g seeing prompt b. Every implementation is causal self-attention among the S tokens under the
 key mask and segment ids [+ the prefix], and returns (N,S,H,hd):
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.attention import MASKED_SCORE, blockwise_attend
+from jaxrl_llm.models.attention import MASKED_SCORE, blockwise_attend, split_segments
 from jaxrl_llm.models.prefix import inline_prefix, with_static_window
 
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -48,9 +50,11 @@ def cudnn_supports(dtype, head_dim: int) -> bool:
 
 
 def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool,
-                     windowed: bool = False, softcap: bool = False) -> tuple[str, str]:
+                     windowed: bool = False, softcap: bool = False, branches: bool = False) -> tuple[str, str]:
     """(the implementation `name` runs as, why `auto` did not take the backend's kernel or ""). `auto`
     becomes a concrete one, the others are checked (a one-line ValueError).
+    branches: packed rows whose prompt its completions share (segment and branch ids): splash has no
+    such mask (auto takes blockwise on a TPU; naming splash is an error).
     windowed / softcap: the layer has a sliding window / an attention soft cap. Every implementation takes
     windows; cuDNN (as `jax.nn.dot_product_attention` exposes it) has no soft cap, so `auto` takes
     blockwise for Gemma 2 on a GPU and naming cudnn there is an error."""
@@ -61,6 +65,9 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
     if name == "cudnn" and not cudnn_supports(dtype, head_dim):
         raise ValueError(f"config.model.attention='cudnn' needs bfloat16/float16 compute and a head dim that is a "
                          f"multiple of 8 up to 128; got {jnp.dtype(dtype).name}, {head_dim}: use auto or blockwise")
+    if name == "splash" and branches:
+        raise ValueError("config.model.attention='splash' has no mask for a prompt shared by its packed "
+                         "completions: set train.pack_share_prompt=false, or use auto or blockwise")
     if name != "auto":
         return name, ""
     if backend == "gpu":
@@ -72,7 +79,8 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
         # cuDNN has no segment ids: with them (packing) it needs a dense mask, which blockwise avoids.
         return ("blockwise", "packed rows would need a dense (T, T) mask in cuDNN") if segments else ("cudnn", "")
     if backend == "tpu":
-        return "splash", ""
+        return ("blockwise", "splash has no mask for a prompt shared by packed completions") if branches \
+            else ("splash", "")
     return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla", ""
 
 
@@ -109,9 +117,9 @@ def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None, windowed=window is not None,
-                             softcap=softcap is not None)
+                             softcap=softcap is not None, branches=split_segments(segment_ids)[1] is not None)
     if impl == "xla":
-        return dense_attend(q, k, v, dense_mask(key_mask, segment_ids, window), prefix, scale=scale,
+        return dense_attend(q, k, v, dense_mask(key_mask, segment_ids, window, positions), prefix, scale=scale,
                             softcap=softcap, window=window, positions=positions)
     if impl == "blockwise":
         return blockwise_attend(q, k, v, key_mask, segment_ids, prefix, block_q=block, block_k=block,
@@ -119,21 +127,29 @@ def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block
     if scale is not None and scale != q.shape[-1] ** -0.5:  # these two scale by hd ** -0.5 themselves
         q = q * jnp.asarray(scale * q.shape[-1] ** 0.5, q.dtype)
     if impl == "cudnn":
-        return cudnn_attend(q, k, v, key_mask, segment_ids, prefix, window=window, window_size=window_size)
+        return cudnn_attend(q, k, v, key_mask, segment_ids, prefix, window=window, window_size=window_size,
+                            positions=positions)
     from jaxrl_llm.models.splash import splash_attend  # TPU-only module: imported where it runs
     return splash_attend(q, k, v, key_mask, segment_ids, prefix, softcap=softcap, window=window,
                          window_size=window_size)
 
 
-def dense_mask(key_mask, segment_ids=None, window=None):
+def dense_mask(key_mask, segment_ids=None, window=None, positions=None):
     """(N,S) key mask [+ segment ids] -> (N,S,S) bool: query t sees real keys <= t [of its segment]
-    [and > t - window]."""
+    [and > t - window]. With (segment, branch) ids, also only keys of branch 0 or the query's, and the
+    window measures positions (N,S) (a branch's tokens follow other branches, not their prompt)."""
     t = key_mask.shape[-1]
+    segment_ids, branch = split_segments(segment_ids)
     mask = jnp.tril(jnp.ones((t, t), bool))[None] & key_mask.astype(bool)[:, None, :]
     if window is not None:
-        mask = mask & (jnp.arange(t)[:, None] - jnp.arange(t)[None, :] < window)[None]
+        if branch is None:
+            mask = mask & (jnp.arange(t)[:, None] - jnp.arange(t)[None, :] < window)[None]
+        else:
+            mask = mask & (positions[:, :, None] - positions[:, None, :] < window)
     if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if branch is not None:
+        mask = mask & ((branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :]))
     return mask
 
 
@@ -188,7 +204,7 @@ def dense_attend(q, k, v, self_mask, prefix=None, *, scale=None, softcap=None, w
 
 
 def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, window=None, window_size=None,
-                 implementation="cudnn"):
+                 implementation="cudnn", positions=None):
     """cuDNN flash attention (`implementation` is a parameter so that CPU tests can run the same wrapper
     through JAX's reference 'xla' implementation). window, window_size as in `attend`.
 
@@ -201,7 +217,8 @@ def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, window=Non
     self tokens are contiguous (every row the library builds: left-padded prompts, right-padded
     completions and turns), not across holes in the key mask. With segment ids cuDNN needs the dense
     (N,1,S,S) boolean mask, which holds the window by indices (jax.nn.dot_product_attention has no
-    segment ids): use blockwise for packing.
+    segment ids): use blockwise for packing. Shared-prompt packing's (segment, branch) ids go into that
+    mask too (its window by `positions`).
     """
     p = 0
     if prefix is not None:
@@ -209,10 +226,12 @@ def cudnn_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, window=Non
     s = q.shape[1]
     if s % 2:  # cuDNN's backward takes even lengths only: one masked token more
         q, k, v, key_mask = (jnp.pad(x, ((0, 0), (0, 1)) + ((0, 0),) * (x.ndim - 2)) for x in (q, k, v, key_mask))
-        segment_ids = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (0, 1)))
+        pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, 1)))
+        segment_ids = None if segment_ids is None else jax.tree_util.tree_map(pad, segment_ids)
+        positions = pad(positions)
     key_mask = key_mask.astype(bool)
     if segment_ids is not None:
-        mask = dense_mask(key_mask, segment_ids, window)
+        mask = dense_mask(key_mask, segment_ids, window, positions)
         out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
         return jnp.where(jnp.any(mask, axis=-1)[..., None, None], out, 0).astype(q.dtype)[:, :s]
     order = jnp.argsort(~key_mask, axis=1, stable=True)  # real tokens first, in their order

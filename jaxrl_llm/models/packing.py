@@ -14,6 +14,17 @@ its first slot, "slots": (R,) int32 occupied slots per packed row (its shape is 
 micro-batch axis when a pass has several. Sequence n of a micro-batch (B' prompts, n = B'·G rows) is
 the real tokens of prompt n // G followed by completion n up to its last real token: plen + ext tokens
 at positions 0.. (those `positions_from_mask` gives the unpacked row), segment id n + 1.
+
+Shared prompts (`plan_shared_packs`, train.pack_share_prompt): the completions of one prompt that go to
+the same packed row form one segment, [the prompt's first plen - 1 tokens ; branch ; branch ; ...], each
+branch the prompt's last token again followed by one completion (1 + ext tokens). A branch sees the
+prompt and itself (branch ids: 0 on the prompt, n + 1 on completion n's branch; kernels.py), so every
+token has the context, position and hidden state it has unpacked, and each branch's first slot predicts
+its completion's first token, as the prompt's last slot does unpacked: the prompt is computed once per
+row, not once per completion, and a one-completion segment is exactly the unshared sequence. The plan
+then also has "prompt_offset": (n,) int32 the first slot of sequence n's prompt copy, and "offset" is
+where position 0 would be for its branch (its first slot minus plen - 1): sequence position j sits at
+slot prompt_offset + j below plen - 1 and at offset + j from there.
 """
 from __future__ import annotations
 
@@ -84,9 +95,70 @@ def plan_packs(lengths: np.ndarray, pack_length: int, multiple: int = 1, min_row
     R (they run in one scan): the largest any needs, rounded by `pack_rows`, and at least `min_rows`
     (a caller may keep R from shrinking so that a run compiles few shapes). Returns the plan with a
     leading M axis (module docstring)."""
-    plans = [first_fit_decreasing(np.asarray(l), pack_length) for l in lengths]
+    return _stack([first_fit_decreasing(np.asarray(l), pack_length) for l in lengths], lengths.shape[1], multiple,
+                  min_rows)
+
+
+def first_fit_shared(prompt_lengths: np.ndarray, lengths: np.ndarray, group_size: int, pack_length: int):
+    """(row (n,), offset (n,), prompt_offset (n,), fills list) of a packing that shares each prompt among its
+    completions in a packed row (module docstring). prompt_lengths (n,) each row's prompt tokens, lengths
+    (n,) from `sequence_lengths` (0: not packed). Groups are placed largest first, each whole into the
+    first row with room; a group no row has room for goes completion by completion (longest first): into
+    the group's segment of a row it already uses, else as a new segment (a copy of its prompt) into the
+    first row with room, opening a row only when none has room. Deterministic: a function of the lengths."""
+    n = len(lengths)
+    if np.any(lengths > pack_length):
+        raise ValueError(f"a sequence of {int(lengths.max())} tokens does not fit in train.pack_length={pack_length}")
+    row, offset, prompt_offset = (np.full(n, -1, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32))
+    fills: list[int] = []
+    share = np.maximum(prompt_lengths.astype(np.int64) - 1, 0)  # the prompt tokens a segment holds once
+    branch = np.where(lengths > 0, lengths - share, 0)  # 1 + ext: the prompt's last token and the completion
+    groups = np.arange(n).reshape(-1, group_size)
+    sizes = np.array([share[g[0]] + branch[g].sum() if branch[g].any() else 0 for g in groups])
+
+    def first_with_room(size):
+        j = next((j for j, f in enumerate(fills) if f + size <= pack_length), len(fills))
+        if j == len(fills):
+            fills.append(0)
+        return j
+
+    for b in np.argsort(-sizes, kind="stable"):
+        if sizes[b] == 0:
+            break
+        members = [int(i) for i in groups[b][np.argsort(-branch[groups[b]], kind="stable")] if branch[i] > 0]
+        segments: dict[int, int] = {}  # packed row -> first slot of this group's segment there (the row's last)
+        whole = next((j for j, f in enumerate(fills) if f + sizes[b] <= pack_length), None)
+        for i in members:
+            if whole is not None:
+                j = whole
+            else:
+                j = next((j for j in segments if fills[j] + branch[i] <= pack_length), None)
+                if j is None:
+                    j = first_with_room(share[i] + branch[i])
+            if j not in segments:
+                segments[j] = fills[j]
+                fills[j] += int(share[i])
+            row[i], prompt_offset[i] = j, segments[j]
+            offset[i] = fills[j] - share[i]  # position plen - 1 (the branch's first slot) at fills[j]
+            fills[j] += int(branch[i])
+    return row, offset, prompt_offset, fills
+
+
+def plan_shared_packs(prompt_lengths: np.ndarray, lengths: np.ndarray, group_size: int, pack_length: int,
+                      multiple: int = 1, min_rows: int = 0) -> dict:
+    """`plan_packs` for shared prompts (`first_fit_shared`): prompt_lengths and lengths (M,n). The plan has
+    "prompt_offset" besides "row", "offset" and "slots" (module docstring)."""
+    plans = [first_fit_shared(np.asarray(p), np.asarray(l), group_size, pack_length)
+             for p, l in zip(prompt_lengths, lengths)]
+    plan = _stack([(p[0], p[1], p[3]) for p in plans], lengths.shape[1], multiple, min_rows)
+    plan["prompt_offset"] = np.stack([p[2] for p in plans])
+    return plan
+
+
+def _stack(plans, n: int, multiple: int, min_rows: int) -> dict:
+    """The (row, offset, fills) plans of M micro-batches as one plan with a common, rounded R."""
     needed = max([len(f) for _, _, f in plans] + [min_rows])
-    r = pack_rows(needed, multiple, cap=max(lengths.shape[1], min_rows))
+    r = pack_rows(needed, multiple, cap=max(n, min_rows))
     slots = np.zeros((len(plans), r), np.int32)
     for k, (_, _, fills) in enumerate(plans):
         slots[k, :len(fills)] = fills
@@ -106,7 +178,7 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. MoE routing
     replay: prompt_routes (b,P,L,k) and routes (n,T,L,k), rows first, go to packed["routes"] (Lyr,R,L,k),
     each token's experts at its slot (the layout `Decoder` replays). Returns
-    (packed {tokens, positions, mask, segment_ids} each (R,L), source (n,T+1) flat slot of the hidden state
+    (packed {tokens, positions, mask, segment_ids [, branch_ids: shared prompts]} each (R,L), source (n,T+1) flat slot of the hidden state
     that predicts completion column t (column T: the state after the row's last real token), valid (n,T+1)
     bool: up to the row's last real token, and column T of every packed row).
     """
@@ -126,16 +198,25 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     key = in_prompt | jnp.take_along_axis(cm, ccol, axis=1)
     packed_row = plan["row"][:, None]
     inside = (j < (plen + ext)[:, None]) & (packed_row >= 0) & (ext[:, None] > 0)
-    slot = jnp.where(inside, packed_row * length + plan["offset"][:, None] + j, r * length)  # r*L: dropped
+    shared = "prompt_offset" in plan
+    in_copy = j < plen[:, None] - 1 if shared else jnp.zeros_like(in_prompt)  # in the segment's prompt copy
+    start = jnp.where(in_copy, plan["prompt_offset"][:, None], plan["offset"][:, None]) if shared \
+        else plan["offset"][:, None]
+    # r*L: dropped. A shared prompt copy is written by each of its completions, with the same values.
+    slot = jnp.where(inside, packed_row * length + start + j, r * length)
 
     def scatter(values):  # (n,P+T,...) -> (R,L,...)
         rest = values.shape[2:]
         return (jnp.zeros((r * length, *rest), values.dtype).at[slot.reshape(-1)]
                 .set(values.reshape(-1, *rest), mode="drop").reshape(r, length, *rest))
 
-    segment = jnp.broadcast_to(jnp.arange(1, n + 1, dtype=jnp.int32)[:, None], tokens.shape)
+    ids = jnp.arange(1, n + 1, dtype=jnp.int32)[:, None]
+    # shared: one segment per prompt copy (its first slot + 1 is unique in the row), a branch per completion
+    segment = jnp.broadcast_to(plan["prompt_offset"][:, None] + 1 if shared else ids, tokens.shape)
     packed = {"tokens": scatter(tokens), "positions": scatter(jnp.broadcast_to(j, tokens.shape)),
               "mask": scatter(key & inside), "segment_ids": scatter(jnp.where(inside, segment, 0))}
+    if shared:
+        packed["branch_ids"] = scatter(jnp.where(inside & ~in_copy, ids, 0))
     if routes is not None:  # each token's recorded experts, gathered as its token id is
         row_proutes = jnp.repeat(prompt_routes, n // b, axis=0)  # (n,P,Lyr,k)
         take = lambda a, col: jnp.take_along_axis(a, col[:, :, None, None], axis=1)
@@ -153,10 +234,14 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
 
 @precise
 def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
-    """Final-norm hidden states (R,L,D) of packed rows: each segment attends only to itself.
+    """Final-norm hidden states (R,L,D) of packed rows: each segment attends only to itself (a branch of a
+    shared prompt's segment: to the prompt and itself).
     dropout_rng: a key for LoRA dropout (training only). MoE: packed["routes"], when present, is replayed."""
+    segments = packed["segment_ids"]
+    if "branch_ids" in packed:  # a prompt shared by its completions (kernels.py: segment and branch ids)
+        segments = (segments, packed["branch_ids"])
     hidden, _ = Decoder(config, with_lm_head=False).apply(
-        {"params": params}, packed["tokens"], packed["positions"], packed["mask"], segment_ids=packed["segment_ids"],
+        {"params": params}, packed["tokens"], packed["positions"], packed["mask"], segment_ids=segments,
         rngs=None if dropout_rng is None else {"dropout": dropout_rng}, routes=packed.get("routes"))
     return hidden
 

@@ -5,7 +5,8 @@ P prompt tokens, L layers, D hidden, H heads, Hkv key/value heads, R = H/Hkv, hd
 
 One `Decoder` serves every multi-token pass:
   * plain (training / HF parity): causal attention among the S tokens under the key `mask` (N,S)
-    [and `segment_ids` (N,S): a token sees only its own segment's, for packed rows];
+    [and `segment_ids` (N,S): a token sees only its own segment's, for packed rows; or a (segment, branch)
+    pair: a prompt shared by its packed completions, models/kernels.py];
   * `prefix`: per-layer keys/values of a shared prompt (L,B,P,Hkv,hd) that every row n = b*G + g also
     attends to -- the prompt is computed once per prompt, not once per completion (sampling and training).
 Attention runs by `config.attention` (models/kernels.py: xla, blockwise, cudnn, splash or auto).

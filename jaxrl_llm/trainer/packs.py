@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models.packing import pack_efficiency, plan_packs, sequence_lengths
+from jaxrl_llm.models.packing import pack_efficiency, plan_packs, plan_shared_packs, sequence_lengths
 from jaxrl_llm.trainer.steps import attended
 
 
@@ -26,29 +26,44 @@ def trained_lengths(prompt_mask, mask, loss_mask):
     return sequence_lengths(prompt_mask, jnp.where(trained, mask, 0))
 
 
-class Packer:
-    """Plans for one run: `score(b)` for the score pass, `update(pidx)` for each optimizer step."""
+def lengths_and_prompts(prompt_mask, mask, loss_mask):
+    """((N,) `trained_lengths`, (N,) each row's prompt tokens)."""
+    n = mask.shape[0]
+    plen = jnp.sum(prompt_mask.astype(bool), axis=1, dtype=jnp.int32)
+    return trained_lengths(prompt_mask, mask, loss_mask), jnp.repeat(plen, n // prompt_mask.shape[0])
 
-    def __init__(self, pack_length: int, group_size: int, score_chunks: int, grad_accum: int, mesh):
-        self.pack_length, self.group_size = pack_length, group_size
+
+class Packer:
+    """Plans for one run: `score(b)` for the score pass, `update(pidx)` for each optimizer step.
+    share_prompt: each prompt shared by its completions in a packed row (models/packing.py
+    `first_fit_shared`, train.pack_share_prompt), else a copy of it per completion."""
+
+    def __init__(self, pack_length: int, group_size: int, score_chunks: int, grad_accum: int, mesh,
+                 share_prompt: bool = True):
+        self.pack_length, self.group_size, self.share_prompt = pack_length, group_size, share_prompt
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
-        self.lengths_fn = jax.jit(trained_lengths, out_shardings=sharding.replicated(mesh))
+        self.lengths_fn = jax.jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
         self.rows = {"score": 0, "update": 0}  # high-water marks of the packed-row counts
-        self.lengths = None
+        self.lengths = self.prompt_lengths = None
         self.efficiency: list[float] = []
 
     def _plan(self, kind: str, prompt_groups: np.ndarray) -> dict:
         """Plans of the micro-batches whose prompts are the rows of `prompt_groups` (M, prompts)."""
         rows = (prompt_groups[:, :, None] * self.group_size + np.arange(self.group_size)).reshape(len(prompt_groups), -1)
-        plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple, self.rows[kind])
+        if self.share_prompt:
+            plan = plan_shared_packs(self.prompt_lengths[rows], self.lengths[rows], self.group_size, self.pack_length,
+                                     self.multiple, self.rows[kind])
+        else:
+            plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple, self.rows[kind])
         self.rows[kind] = plan["slots"].shape[-1]
         self.efficiency.append(pack_efficiency(plan, self.pack_length))
         return plan
 
     def score(self, b) -> dict:
         """The score chunks' plans (leading axis k); reads the batch's lengths for the step's updates."""
-        self.lengths = np.asarray(self.lengths_fn(b["prompt_mask"], attended(b), b["loss_mask"]))
+        self.lengths, self.prompt_lengths = map(np.asarray, self.lengths_fn(b["prompt_mask"], attended(b),
+                                                                              b["loss_mask"]))
         self.efficiency = []
         n_prompts = b["prompt_tokens"].shape[0]
         return self._plan("score", np.arange(n_prompts).reshape(-1, self.score_chunks).T)

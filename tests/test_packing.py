@@ -12,7 +12,7 @@ from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
 from jaxrl_llm.models.lm import init_params
 from jaxrl_llm.models.packing import (first_fit_decreasing, first_fit_shared, pack_layout, pack_rows, packed_logprobs,
-                                      packed_values, plan_packs, plan_shared_packs, sequence_lengths)
+                                      packed_values, plan_packs, plan_shared_packs, sequence_lengths, with_predictors)
 from jaxrl_llm.models.value import init_value_params
 from jaxrl_llm.trainer import Trainer
 
@@ -136,11 +136,13 @@ def test_shared_layout_holds_each_prompt_once(batch):
 
 
 @pytest.mark.parametrize("attention,kind", [("xla", "repeated"), ("blockwise", "repeated"), ("xla", "shared"),
-                                            ("blockwise", "shared"), ("blockwise", "shared-split")])
+                                            ("blockwise", "shared"), ("blockwise", "shared-split"),
+                                            ("xla", "shared-predict")])
 def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, kind):
     """Against the unpacked prompt-shared pass (the reference): 1e-5 on every real token, float32. Plans:
     a prompt copy per completion; shared prompts (rows of 40); shared in rows of 14, where prompt 0's group
-    does not fit a row and is split (two copies of its prompt)."""
+    does not fit a row and is split (two copies of its prompt); shared, the LM head on the predictor slots
+    only ("predict": the 27 completion tokens up to each row's last, rounded to 28)."""
     pt, pm, ct, cm, w = batch
     mc = model(attention)
     params = init_params(mc, jax.random.PRNGKey(0))
@@ -153,6 +155,11 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, k
         assert plan["row"][3] == -1
         # group 0 (a prompt of 2, completions of 1 and 12): 1 + 2 + 13 = 16 tokens shared, split in rows of 14
         assert (plan["row"][0] != plan["row"][1]) == (kind == "shared-split"), plan
+        if kind == "shared-predict":
+            lengths = np.asarray(sequence_lengths(pm, cm))
+            plan = single(with_predictors(jax.tree_util.tree_map(lambda x: x[None], plan),
+                                          np.repeat(np.asarray(pm).sum(1), G)[None], lengths[None]))
+            assert plan["predict"].shape == (28,)
     L_ = length
 
     def ref(p):
@@ -216,13 +223,17 @@ def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch):
             return jnp.sum(out[2] * cm), out
         return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
     (_, ref), g_ref = run(None)
-    (_, packed), g_packed = run(plan)
+    lengths = np.asarray(sequence_lengths(pm, cm))
+    predicted = single(with_predictors(plan_shared_packs(np.repeat(pm.sum(1), G)[None], lengths[None], G, L),
+                                       np.repeat(pm.sum(1), G)[None], lengths[None]))
     past_end = np.cumsum(cm[:, ::-1], axis=1)[:, ::-1] == 0
-    for x, y in zip(ref, packed):
-        np.testing.assert_allclose(np.where(cm > 0, y, 0), np.where(cm > 0, x, 0), atol=1e-5)
-        assert np.all(np.asarray(y)[past_end] == 0)
+    for pack in (plan, predicted):  # a prompt copy each, LM heads on every slot; shared, on the predictors only
+        (_, packed), g_packed = run(pack)
+        for x, y in zip(ref, packed):
+            np.testing.assert_allclose(np.where(cm > 0, y, 0), np.where(cm > 0, x, 0), atol=1e-5)
+            assert np.all(np.asarray(y)[past_end] == 0)
+        jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5), g_ref, g_packed)
     assert np.asarray(ref[2])[cm > 0].min() > 0  # a real divergence, not two zeros
-    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-5), g_ref, g_packed)
 
 
 def test_which_rows_share_a_pack_does_not_matter(batch):

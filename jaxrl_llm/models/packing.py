@@ -25,8 +25,14 @@ row, not once per completion, and a one-completion segment is exactly the unshar
 then also has "prompt_offset": (n,) int32 the first slot of sequence n's prompt copy, and "offset" is
 where position 0 would be for its branch (its first slot minus plen - 1): sequence position j sits at
 slot prompt_offset + j below plen - 1 and at offset + j from there.
+
+A plan may also carry "predict": (K,) zeros whose shape is the number of LM-head rows (`with_predictors`):
+the log-prob passes then run the LM head on the K slots that predict a completion token (gathered), not
+on all R·L slots -- prompt copies and the padding after each row's last segment predict nothing used.
 """
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -165,6 +171,16 @@ def _stack(plans, n: int, multiple: int, min_rows: int) -> dict:
     return {"row": np.stack([p[0] for p in plans]), "offset": np.stack([p[1] for p in plans]), "slots": slots}
 
 
+def with_predictors(plan: dict, prompt_lengths: np.ndarray, lengths: np.ndarray, multiple: int = 1,
+                    min_rows: int = 0) -> dict:
+    """The plan with "predict": (M,K) zeros, K >= every micro-batch's completion tokens up to their last real
+    one (lengths - prompt_lengths where packed), rounded as `pack_rows` rounds R (a multiple of `multiple`,
+    so the LM-head rows shard like packed rows) and at least `min_rows`. prompt_lengths, lengths (M,n)."""
+    ext = np.where(lengths > 0, lengths - prompt_lengths, 0).sum(axis=1)
+    k = pack_rows(int(max(ext.max(initial=0), min_rows)), multiple, cap=2 ** 62)
+    return {**plan, "predict": np.zeros((len(lengths), k), np.int32)}
+
+
 def pack_efficiency(plan: dict, pack_length: int) -> float:
     """Real tokens / packed slots of a plan (1 = no padding at all)."""
     return float(np.sum(plan["slots"]) / max(plan["slots"].size * pack_length, 1))
@@ -246,6 +262,31 @@ def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
     return hidden
 
 
+def predictor_slots(plan, completion_mask, source):
+    """For a plan with "predict" (K,): (slots (K,) the flat packed slot that predicts each completion token
+    up to a row's last real one, row by row, column by column; at (n,T) each token's index in them, K where
+    none). Entries past the tokens read slot 0 (computed, never read back)."""
+    k = plan["predict"].shape[-1]
+    n, t = completion_mask.shape
+    ext = jnp.where(plan["row"] >= 0, completion_extent(completion_mask), 0)
+    col = jnp.arange(t, dtype=jnp.int32)[None]
+    at = jnp.where(col < ext[:, None], (jnp.cumsum(ext) - ext)[:, None] + col, k)
+    slots = jnp.zeros((k,), jnp.int32).at[at.reshape(-1)].set(source[:, :t].reshape(-1), mode="drop")
+    return slots, at
+
+
+def gather_predictors(x, slots, rows: int):
+    """(R,L,...) per-slot values -> (g, K/g, ...) at `slots` (K,), g = gcd(R, K): rows of a batch again."""
+    g = math.gcd(rows, slots.shape[0])
+    return jnp.take(x.reshape(-1, *x.shape[2:]), slots, axis=0).reshape(g, -1, *x.shape[2:])
+
+
+def unpack_predicted(y, at):
+    """(g, K/g) values at the predictor slots -> (n,T) at the completion layout; 0 where none."""
+    flat = y.reshape(-1)
+    return jnp.where(at < flat.shape[0], jnp.take(flat, jnp.minimum(at, flat.shape[0] - 1)), 0.0)
+
+
 def unpack(x, source, valid, columns: int):
     """(R,L) per-slot values -> (n, columns) at the completion layout; 0 where not valid."""
     flat = jnp.take(x.reshape(-1), source[:, :columns], axis=0)
@@ -256,17 +297,24 @@ def packed_logprobs(config: ModelConfig, params, prompts, prompt_mask, completio
                     pack_length: int, temperature=1.0, *, with_entropy: bool = False, dropout_rng=None,
                     prompt_routes=None, routes=None):
     """`logprobs_from_hidden(completion_hidden(...))` through packed rows: logp (n,T) [and entropy (n,T)],
-    equal on every real completion token, 0 elsewhere. The LM head runs on the packed slots only.
+    equal on every real completion token, 0 elsewhere. The LM head runs on the packed slots only (with
+    "predict" in the plan: on those that predict a completion token).
     MoE routing replay: prompt_routes (b,P,L,k), routes (n,T,L,k) rows first (`pack_layout`)."""
     packed, source, valid = pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_length,
                                         prompt_routes, routes)
     hidden = packed_hidden(config, params, packed, dropout_rng)
     targets = jnp.roll(packed["tokens"], -1, axis=1)  # the slot after each one: the token it predicts
-    out = logprobs_from_hidden(config, params, hidden, targets, temperature, with_entropy=with_entropy)
     t = completions.shape[1]
-    if with_entropy:
-        return unpack(out[0], source, valid, t), unpack(out[1], source, valid, t)
-    return unpack(out, source, valid, t)
+    if "predict" in plan:  # the LM head on the K predictor slots only
+        slots, at = predictor_slots(plan, completion_mask, source)
+        rows = hidden.shape[0]
+        out = logprobs_from_hidden(config, params, gather_predictors(hidden, slots, rows),
+                                   gather_predictors(targets, slots, rows), temperature, with_entropy=with_entropy)
+        back = lambda y: unpack_predicted(y, at)
+    else:
+        out = logprobs_from_hidden(config, params, hidden, targets, temperature, with_entropy=with_entropy)
+        back = lambda y: unpack(y, source, valid, t)
+    return (back(out[0]), back(out[1])) if with_entropy else back(out)
 
 
 def packed_values(config: ModelConfig, vparams, prompts, prompt_mask, completions, completion_mask, plan,

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models.packing import pack_efficiency, plan_packs, plan_shared_packs, sequence_lengths
+from jaxrl_llm.models.packing import (pack_efficiency, plan_packs, plan_shared_packs, sequence_lengths,
+                                      with_predictors)
 from jaxrl_llm.trainer.steps import attended
 
 
@@ -44,7 +45,8 @@ class Packer:
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
         self.lengths_fn = jax.jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
-        self.rows = {"score": 0, "update": 0}  # high-water marks of the packed-row counts
+        # high-water marks of the packed-row counts R and the LM-head row counts K
+        self.rows = {"score": 0, "update": 0, "score predictors": 0, "update predictors": 0}
         self.lengths = self.prompt_lengths = None
         self.efficiency: list[float] = []
 
@@ -57,6 +59,10 @@ class Packer:
         else:
             plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple, self.rows[kind])
         self.rows[kind] = plan["slots"].shape[-1]
+        # the LM head's rows: the completion tokens (K), rounded and never shrinking like R
+        plan = with_predictors(plan, self.prompt_lengths[rows], self.lengths[rows], self.multiple,
+                               self.rows[kind + " predictors"])
+        self.rows[kind + " predictors"] = plan["predict"].shape[-1]
         self.efficiency.append(pack_efficiency(plan, self.pack_length))
         return plan
 

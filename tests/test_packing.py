@@ -69,6 +69,29 @@ def test_plans_are_valid_packings_and_rows_are_bucketed():
         first_fit_decreasing(np.array([3, 11]), 10)
 
 
+def test_packed_shapes_follow_the_need_and_reuse_compiled_ones():
+    """choose_shape: every step's (R, K) fits its need, at most one bucket above it (a high-water mark would
+    keep the largest ever), and reuses a shape it has run whenever one is that close: over 300 steps of
+    heavy-tailed needs, a handful of shapes, not one per step."""
+    from jaxrl_llm.trainer.packs import choose_shape, pow2_multiple
+    rng = np.random.default_rng(3)
+    for multiple in (1, 4):
+        used = set()
+        for step in range(300):
+            ext = np.minimum(rng.geometric(0.07, 16), 48)
+            r = pack_rows(int(-(-(4 * 31 + (ext + 1).sum()) // 128)), multiple, cap=16)
+            k = int(ext.sum())
+            shape = choose_shape(used, r, k, multiple)
+            used.add(shape)
+            assert r <= shape[0] <= pack_rows(r + 1, multiple, cap=2 ** 62) and k <= shape[1] <= 4 * k + 4 * multiple
+            assert shape[0] % multiple == 0 == shape[1] % multiple
+            if step == 0:
+                assert shape == (r, pow2_multiple(k, multiple))
+        assert len(used) <= 8, used
+    assert choose_shape({(6, 512)}, 4, 300) == (4, 512)  # 6 rows is two buckets above 4: not reused
+    assert choose_shape({(5, 512), (6, 512)}, 4, 300) == (5, 512)
+
+
 def shared_plan(pm, cm, length):
     lengths = np.asarray(sequence_lengths(pm, cm))
     return single(plan_shared_packs(np.repeat(np.asarray(pm).sum(1), G)[None], lengths[None], G, length))

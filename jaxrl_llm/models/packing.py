@@ -5,7 +5,7 @@ rows of `pack_length` tokens with segment ids and per-segment positions, and the
 Two halves (docs/design.md, "Sequence packing"):
   * the host plans (numpy, first-fit-decreasing) from `sequence_lengths`: `plan_packs` -> which packed
     row and offset each row of a micro-batch goes to. The plan's packed-row count R is data-dependent, so it is
-    decided where the lengths are known and becomes a static shape (one compile per R, see `pack_rows`);
+    decided where the lengths are known and becomes a static shape (one compile per bucket of R, `pack_rows`);
   * the jitted passes gather the tokens into that layout and back (`pack_layout`, `packed_hidden`,
     `packed_logprobs`, `packed_values`): plain gathers and scatters, on device, sharded like any batch.
 
@@ -96,13 +96,11 @@ def pack_rows(needed: int, multiple: int, cap: int) -> int:
     return max(min(units * multiple, -(-cap // multiple) * multiple), -(-needed // multiple) * multiple)
 
 
-def plan_packs(lengths: np.ndarray, pack_length: int, multiple: int = 1, min_rows: int = 0) -> dict:
+def plan_packs(lengths: np.ndarray, pack_length: int, multiple: int = 1) -> dict:
     """Plans M micro-batches at once. lengths (M,n) from `sequence_lengths`. All micro-batches get the same
-    R (they run in one scan): the largest any needs, rounded by `pack_rows`, and at least `min_rows`
-    (a caller may keep R from shrinking so that a run compiles few shapes). Returns the plan with a
+    R (they run in one scan): the largest any needs, rounded by `pack_rows`. Returns the plan with a
     leading M axis (module docstring)."""
-    return _stack([first_fit_decreasing(np.asarray(l), pack_length) for l in lengths], lengths.shape[1], multiple,
-                  min_rows)
+    return _stack([first_fit_decreasing(np.asarray(l), pack_length) for l in lengths], lengths.shape[1], multiple)
 
 
 def first_fit_shared(prompt_lengths: np.ndarray, lengths: np.ndarray, group_size: int, pack_length: int):
@@ -151,33 +149,32 @@ def first_fit_shared(prompt_lengths: np.ndarray, lengths: np.ndarray, group_size
 
 
 def plan_shared_packs(prompt_lengths: np.ndarray, lengths: np.ndarray, group_size: int, pack_length: int,
-                      multiple: int = 1, min_rows: int = 0) -> dict:
+                      multiple: int = 1) -> dict:
     """`plan_packs` for shared prompts (`first_fit_shared`): prompt_lengths and lengths (M,n). The plan has
     "prompt_offset" besides "row", "offset" and "slots" (module docstring)."""
     plans = [first_fit_shared(np.asarray(p), np.asarray(l), group_size, pack_length)
              for p, l in zip(prompt_lengths, lengths)]
-    plan = _stack([(p[0], p[1], p[3]) for p in plans], lengths.shape[1], multiple, min_rows)
+    plan = _stack([(p[0], p[1], p[3]) for p in plans], lengths.shape[1], multiple)
     plan["prompt_offset"] = np.stack([p[2] for p in plans])
     return plan
 
 
-def _stack(plans, n: int, multiple: int, min_rows: int) -> dict:
+def _stack(plans, n: int, multiple: int) -> dict:
     """The (row, offset, fills) plans of M micro-batches as one plan with a common, rounded R."""
-    needed = max([len(f) for _, _, f in plans] + [min_rows])
-    r = pack_rows(needed, multiple, cap=max(n, min_rows))
+    needed = max(len(f) for _, _, f in plans)
+    r = pack_rows(needed, multiple, cap=n)
     slots = np.zeros((len(plans), r), np.int32)
     for k, (_, _, fills) in enumerate(plans):
         slots[k, :len(fills)] = fills
     return {"row": np.stack([p[0] for p in plans]), "offset": np.stack([p[1] for p in plans]), "slots": slots}
 
 
-def with_predictors(plan: dict, prompt_lengths: np.ndarray, lengths: np.ndarray, multiple: int = 1,
-                    min_rows: int = 0) -> dict:
+def with_predictors(plan: dict, prompt_lengths: np.ndarray, lengths: np.ndarray, multiple: int = 1) -> dict:
     """The plan with "predict": (M,K) zeros, K >= every micro-batch's completion tokens up to their last real
     one (lengths - prompt_lengths where packed), rounded as `pack_rows` rounds R (a multiple of `multiple`,
-    so the LM-head rows shard like packed rows) and at least `min_rows`. prompt_lengths, lengths (M,n)."""
+    so the LM-head rows shard like packed rows). prompt_lengths, lengths (M,n)."""
     ext = np.where(lengths > 0, lengths - prompt_lengths, 0).sum(axis=1)
-    k = pack_rows(int(max(ext.max(initial=0), min_rows)), multiple, cap=2 ** 62)
+    k = pack_rows(int(ext.max(initial=0)), multiple, cap=2 ** 62)
     return {**plan, "predict": np.zeros((len(lengths), k), np.int32)}
 
 

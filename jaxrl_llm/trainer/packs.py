@@ -3,9 +3,14 @@ chunks and update micro-batches, in the row order the jitted steps select them (
 
 The plans are made on the host (numpy first-fit-decreasing over the rows' lengths: 31 ms for 512 rows,
 0.24 s for 8 micro-batches of 512 on the loaded 2-core development machine, next to passes of seconds
-to minutes) because the number of packed rows they need is data-dependent and must be a static shape: the host
-rounds it (models/packing.pack_rows) and never lets it shrink within a run, so a run compiles each
-pass for a handful of shapes at most. Models/packing.py does the packing itself, on device.
+to minutes) because the number of packed rows R (and of LM-head rows K) they need is data-dependent and
+must be a static shape: the host rounds each step's need up to a bucket (R: models/packing.pack_rows, four
+per doubling; K: a power of two, as it only sizes the LM head's rows), and each pass compiles once per
+(R, K) it runs. The shapes follow the need, reusing a shape already compiled when it is at most one bucket
+above it: a high-water mark would keep every step at the size of the longest batch seen (measured,
+heavy-tailed lengths at SmolLM2-135M's shape: one long batch took R from 4 to 6 rows of 128 for all later
+steps, score + update 7.0 s against 4.6-5.3 s before it), and exact buckets alone compiled a new (R, K) at
+most steps of a short run. Models/packing.py does the packing itself, on device.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
-from jaxrl_llm.models.packing import (pack_efficiency, plan_packs, plan_shared_packs, sequence_lengths,
+from jaxrl_llm.models.packing import (pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths,
                                       with_predictors)
 from jaxrl_llm.trainer.steps import attended
 
@@ -34,6 +39,22 @@ def lengths_and_prompts(prompt_mask, mask, loss_mask):
     return trained_lengths(prompt_mask, mask, loss_mask), jnp.repeat(plen, n // prompt_mask.shape[0])
 
 
+def pow2_multiple(k: int, multiple: int) -> int:
+    """The smallest multiple * 2^e >= k."""
+    units = -(-max(k, 1) // multiple)
+    return multiple * (1 << (units - 1).bit_length())
+
+
+def choose_shape(used: set, r: int, k: int, multiple: int = 1) -> tuple[int, int]:
+    """The (R, K) a pass runs for a need of r packed rows (already a `pack_rows` bucket) and k LM-head rows:
+    the smallest shape in `used` (those it has run) that fits and is at most one bucket above the need (R:
+    the next `pack_rows` bucket; K: twice its power of two), else the need itself, K rounded up to
+    multiple * 2^e."""
+    k = pow2_multiple(k, multiple)
+    fits = sorted((rr, kk) for rr, kk in used if r <= rr <= pack_rows(r + 1, multiple, cap=2 ** 62) and k <= kk <= 2 * k)
+    return fits[0] if fits else (r, k)
+
+
 class Packer:
     """Plans for one run: `score(b)` for the score pass, `update(pidx)` for each optimizer step.
     share_prompt: each prompt shared by its completions in a packed row (models/packing.py
@@ -45,9 +66,8 @@ class Packer:
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
         self.lengths_fn = jax.jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
-        # high-water marks of the packed-row counts R and the LM-head row counts K
-        self.rows = {"score": 0, "update": 0, "score predictors": 0, "update predictors": 0}
         self.lengths = self.prompt_lengths = None
+        self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the (R, K) each pass has run
         self.efficiency: list[float] = []
 
     def _plan(self, kind: str, prompt_groups: np.ndarray) -> dict:
@@ -55,14 +75,15 @@ class Packer:
         rows = (prompt_groups[:, :, None] * self.group_size + np.arange(self.group_size)).reshape(len(prompt_groups), -1)
         if self.share_prompt:
             plan = plan_shared_packs(self.prompt_lengths[rows], self.lengths[rows], self.group_size, self.pack_length,
-                                     self.multiple, self.rows[kind])
+                                     self.multiple)
         else:
-            plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple, self.rows[kind])
-        self.rows[kind] = plan["slots"].shape[-1]
-        # the LM head's rows: the completion tokens (K), rounded and never shrinking like R
-        plan = with_predictors(plan, self.prompt_lengths[rows], self.lengths[rows], self.multiple,
-                               self.rows[kind + " predictors"])
-        self.rows[kind + " predictors"] = plan["predict"].shape[-1]
+            plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple)
+        plan = with_predictors(plan, self.prompt_lengths[rows], self.lengths[rows], self.multiple)
+        r, k = choose_shape(self.shapes[kind], plan["slots"].shape[-1], plan["predict"].shape[-1], self.multiple)
+        self.shapes[kind].add((r, k))
+        m = len(rows)
+        plan["slots"] = np.pad(plan["slots"], ((0, 0), (0, r - plan["slots"].shape[-1])))  # empty rows
+        plan["predict"] = np.zeros((m, k), np.int32)
         self.efficiency.append(pack_efficiency(plan, self.pack_length))
         return plan
 

@@ -191,8 +191,8 @@ def pack_layout(prompts, prompt_mask, completions, completion_mask, plan, pack_l
     prompts/prompt_mask (b,P), completions/completion_mask (n,T), plan for these n rows. MoE routing
     replay: prompt_routes (b,P,L,k) and routes (n,T,L,k), rows first, go to packed["routes"] (Lyr,R,L,k),
     each token's experts at its slot (the layout `Decoder` replays). Returns
-    (packed {tokens, positions, mask, segment_ids [, branch_ids: shared prompts]} each (R,L), source (n,T+1) flat slot of the hidden state
-    that predicts completion column t (column T: the state after the row's last real token), valid (n,T+1)
+    (packed {tokens, positions, mask, segment_ids [, branch_ids: shared prompts]} each (R,L), source (n,T+1)
+    flat slot of the hidden state that predicts completion column t (column T: the state after the row's last real token), valid (n,T+1)
     bool: up to the row's last real token, and column T of every packed row).
     """
     b, p = prompts.shape

@@ -191,7 +191,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.minibatches = 1  # optimizer steps per epoch (the batch splits into whole prompt groups)
     c.train.grad_accum = 1  # micro-batches per optimizer step; the loss is normalized over the minibatch
     c.train.pack_length = 0  # >0: score/update passes pack prompt+completion rows into rows of this many tokens; 0 = off
-    c.train.pack_share_prompt = True  # packed rows hold a prompt once for its completions in that row (else once each)
+    c.train.pack_share_prompt = True  # packed rows hold a prompt once for its completions in that row (else once
+    # each); where the attention is splash (TPU) the trainer keeps a copy each: the kernel has no mask for it
     c.train.max_nonfinite_steps = 3  # stop after this many consecutive skipped (NaN/inf) updates
 
     c.optimizer = ml_collections.ConfigDict()

@@ -261,9 +261,6 @@ def _validate_training(c) -> None:
               f"({c.rollout.batch_prompts // c.train.minibatches})", c.train.grad_accum)
     _check(c, "train.pack_length", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
     _check(c, "train.pack_share_prompt", lambda v: isinstance(v, bool), "True or False")
-    if c.train.pack_length and c.train.pack_share_prompt and c.model.attention == "splash":
-        _fail("train.pack_share_prompt", "False with model.attention='splash' (the splash kernel has no mask for a "
-              "prompt shared by its packed completions; or use attention auto or blockwise)", True)
     longest = c.data.max_prompt_length + c.rollout.max_new_tokens
     if _is_int(longest) and 0 < c.train.pack_length < longest:
         _fail("train.pack_length", f"0 (off) or at least data.max_prompt_length + rollout.max_new_tokens = {longest}, "

@@ -92,6 +92,17 @@ def test_packed_shapes_follow_the_need_and_reuse_compiled_ones():
     assert choose_shape({(5, 512), (6, 512)}, 4, 300) == (5, 512)
 
 
+def test_prompts_are_shared_except_where_splash_runs(monkeypatch):
+    """train.pack_share_prompt is honoured where the packed passes' attention takes branch ids; where it
+    would be splash (auto on a TPU, or named) packed rows keep a prompt copy per completion."""
+    from jaxrl_llm.trainer.packs import shares_prompt
+    for name in ("auto", "xla", "blockwise"):
+        assert shares_prompt(True, model(name), 64) and not shares_prompt(False, model(name), 64)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert not shares_prompt(True, model("auto"), 64) and not shares_prompt(True, model("splash"), 64)
+    assert shares_prompt(True, model("blockwise"), 64)
+
+
 def shared_plan(pm, cm, length):
     lengths = np.asarray(sequence_lengths(pm, cm))
     return single(plan_shared_packs(np.repeat(np.asarray(pm).sum(1), G)[None], lengths[None], G, length))

@@ -65,7 +65,7 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
     if name == "cudnn" and not cudnn_supports(dtype, head_dim):
         raise ValueError(f"config.model.attention='cudnn' needs bfloat16/float16 compute and a head dim that is a "
                          f"multiple of 8 up to 128; got {jnp.dtype(dtype).name}, {head_dim}: use auto or blockwise")
-    if name == "splash" and branches:
+    if name == "splash" and branches:  # (the trainer does not share prompts where splash runs: packs.shares_prompt)
         raise ValueError("config.model.attention='splash' has no mask for a prompt shared by its packed "
                          "completions: set train.pack_share_prompt=false, or use auto or blockwise")
     if name != "auto":
@@ -80,7 +80,7 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
         return ("blockwise", "packed rows would need a dense (T, T) mask in cuDNN") if segments else ("cudnn", "")
     if backend == "tpu":
         return ("blockwise", "splash has no mask for a prompt shared by packed completions") if branches \
-            else ("splash", "")
+            else ("splash", "")  # (the trainer shares no prompt where auto gives splash: packs.shares_prompt)
     return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla", ""
 
 

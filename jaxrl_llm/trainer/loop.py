@@ -47,7 +47,7 @@ from jaxrl_llm.trainer import (adapters, async_rollout, diagnose, feedback, pref
                                teacher)
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.inputs import python_inputs
-from jaxrl_llm.trainer.packs import Packer
+from jaxrl_llm.trainer.packs import Packer, shares_prompt
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
 from jaxrl_llm.trainer.workdir import prepare_workdir, undo_on_failure, write_run_files
@@ -120,7 +120,8 @@ class Trainer:
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves), self.teacher_mc)
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
-                             self.mesh, c.train.pack_share_prompt) if c.train.pack_length > 0 else None
+                             self.mesh, shares_prompt(c.train.pack_share_prompt, self.mc, c.train.pack_length)
+                             ) if c.train.pack_length > 0 else None
 
     def _close_sinks(self) -> None:
         """Closes what a failed start may have opened in the workdir, before it is cleaned."""

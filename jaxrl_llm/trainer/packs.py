@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
+from jaxrl_llm.models.kernels import resolve_attention
 from jaxrl_llm.models.packing import (pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths,
                                       with_predictors)
 from jaxrl_llm.trainer.steps import attended
@@ -37,6 +38,15 @@ def lengths_and_prompts(prompt_mask, mask, loss_mask):
     n = mask.shape[0]
     plen = jnp.sum(prompt_mask.astype(bool), axis=1, dtype=jnp.int32)
     return trained_lengths(prompt_mask, mask, loss_mask), jnp.repeat(plen, n // prompt_mask.shape[0])
+
+
+def shares_prompt(requested: bool, model_config, pack_length: int) -> bool:
+    """Whether packed rows hold a prompt once for its completions: as `train.pack_share_prompt` asks, except
+    where the packed passes' attention is splash (named, or `auto` on a TPU): its kernel has no mask for a
+    shared prompt, so there a packed row keeps a copy of the prompt per completion and splash runs."""
+    mc = model_config
+    return requested and resolve_attention(mc.attention, backend=jax.default_backend(), dtype=mc.dtype,
+                                           head_dim=mc.head_dim, keys=pack_length, segments=True) != "splash"
 
 
 def pow2_multiple(k: int, multiple: int) -> int:

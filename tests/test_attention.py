@@ -100,14 +100,20 @@ def test_segment_ids_attend_within_their_segment_only():
     seg = jnp.asarray(seg)
     visible = np.tril(np.ones((S, S), bool))[None] & np.asarray(mask)[:, None, :] \
         & (np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :])  # built here, not by dense_mask
+    _equals_visibility(lambda q, k, v: blockwise_attend(q, k, v, mask, seg, block_q=3, block_k=4), q, k, v, w, visible)
+
+
+def _equals_visibility(ours, q, k, v, w, visible):
+    """`ours` against attention under `visible` (N,S,S): outputs against the float64 reference, gradients
+    against the dense path, on every query that sees a key. Returns those rows (N,S,1,1)."""
     rows = jnp.asarray(visible.any(-1))[..., None, None]
-    ours = lambda q, k, v: blockwise_attend(q, k, v, mask, seg, block_q=3, block_k=4)
     np.testing.assert_allclose(np.where(rows, ours(q, k, v), 0), np.where(rows, reference(q, k, v, visible), 0),
                                atol=1e-5)
     xla = lambda q, k, v: dense_attend(q, k, v, jnp.asarray(visible))
     w = w * rows
     for a, b in zip(jax.grad(_loss(ours, w), (0, 1, 2))(q, k, v), jax.grad(_loss(xla, w), (0, 1, 2))(q, k, v)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+    return rows
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -137,14 +143,8 @@ def test_branch_ids_see_their_shared_prompt_and_themselves(window):
     ids, positions = (jnp.asarray(seg), jnp.asarray(br)), jnp.asarray(pos)
     win = None if window is None else jnp.int32(window)
     np.testing.assert_array_equal(np.asarray(dense_mask(mask, ids, win, positions)), visible)
-    rows = jnp.asarray(visible.any(-1))[..., None, None]
-    ours = lambda q, k, v: blockwise_attend(q, k, v, mask, ids, block_q=3, block_k=4, window=win, positions=positions)
-    np.testing.assert_allclose(np.where(rows, ours(q, k, v), 0), np.where(rows, reference(q, k, v, visible), 0),
-                               atol=1e-5)
-    xla = lambda q, k, v: dense_attend(q, k, v, jnp.asarray(visible))
-    w = w * rows
-    for a, b in zip(jax.grad(_loss(ours, w), (0, 1, 2))(q, k, v), jax.grad(_loss(xla, w), (0, 1, 2))(q, k, v)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    rows = _equals_visibility(lambda q, k, v: blockwise_attend(q, k, v, mask, ids, block_q=3, block_k=4, window=win,
+                                                               positions=positions), q, k, v, w, visible)
     if window is None:  # (the wrapper's window goes through with_static_window: a separate test)
         cud = cudnn_attend(q, k, v, mask, ids, implementation="xla", positions=positions)  # 13: padded to even
         np.testing.assert_allclose(np.where(rows, cud, 0), np.where(rows, reference(q, k, v, visible), 0), atol=1e-5)

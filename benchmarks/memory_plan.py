@@ -31,13 +31,11 @@ Attention: `--attention` is `model.attention`; the programs are compiled for CPU
 dense path below 384 keys per query and blockwise from there (docs/attention.md), so `auto` plans what
 blockwise needs (cuDNN's and splash's memory on GPU/TPU is of the same order: no T x T array).
 
-Packing (`--pack_length` L > 0, `train.pack_length`): the score and update programs run on packed rows.
-How many is data-dependent (the host plans it from the rollout's lengths), so the plan assumes
-completions of `--mean_new_tokens` tokens on average packed at 90% efficiency: R = the trainer's
-rounding (models/packing.pack_rows) of ceil(tokens / (0.9 L)) rows per micro-batch of n rows, at most one
-row per sequence, where tokens = n/G (P - 1) + n (1 + mean) with each prompt shared by its group
-(`train.pack_share_prompt`, the default) and n (P + mean) without; the LM head runs on K = n mean rows,
-rounded alike. A batch of longer completions needs more rows, up to the unpacked row count.
+Packing (`--pack_length` L > 0): the score and update programs run on packed rows, as many as the host
+plans from the rollout's lengths, so the plan assumes completions of `--mean_new_tokens` tokens on average
+packed at 90% efficiency: R = the trainer's rounding (models/packing.pack_rows) of ceil(tokens / (0.9 L))
+rows per micro-batch of n rows, tokens = n/G (P - 1) + n (1 + mean) with shared prompts (the default), n (P
++ mean) without; the LM head runs on K = n mean rows (a power of two). Longer completions need more rows.
 
 Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
 the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
@@ -212,23 +210,21 @@ def abstract(tree, shardings):
 def abstract_packs(c, mesh, mean_new_tokens: int):
     """(score plan, update plan) as ShapeDtypeStructs (module docstring, "Packing"), or (None, None)."""
     import jax
-    import jax.numpy as jnp
     from jaxrl_llm import sharding
     from jaxrl_llm.models.packing import pack_rows
+    from jaxrl_llm.trainer.packs import pow2_multiple
     if not c.train.pack_length:
         return None, None
     B, G, P, L = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.train.pack_length
     chunks, accum = c.train.minibatches * c.train.grad_accum, c.train.grad_accum
     n = B // chunks * G  # rows of a score chunk = rows of an update micro-batch
     mean = mean_new_tokens or c.rollout.max_new_tokens // 4
-    # shared prompts (the default): a prompt once per group (but its last token, in each branch)
     tokens = n // G * (P - 1) + n * (1 + mean) if c.train.pack_share_prompt else n * (P + mean)
     r = pack_rows(math.ceil(tokens / (0.9 * L)), sharding.batch_divisor(mesh), cap=n)
-    k = pack_rows(n * mean, sharding.batch_divisor(mesh), cap=2 ** 62)  # the LM head's rows (`with_predictors`)
-    rep = sharding.replicated(mesh)
-    shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=rep)
-    plan = lambda m: {"row": shape(m, n), "offset": shape(m, n), "slots": shape(m, r), "predict": shape(m, k),
-                      **({"prompt_offset": shape(m, n)} if c.train.pack_share_prompt else {})}
+    k, rep = pow2_multiple(n * mean, sharding.batch_divisor(mesh)), sharding.replicated(mesh)
+    shape = lambda *s: jax.ShapeDtypeStruct(s, "int32", sharding=rep)
+    plan = lambda m: {"row": shape(m, n), "offset": shape(m, n), "slots": shape(m, r), "predict": shape(m, k)} | (
+        {"prompt_offset": shape(m, n)} if c.train.pack_share_prompt else {})
     return plan(chunks), plan(accum)
 
 

@@ -259,29 +259,29 @@ def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
     return hidden
 
 
-def predictor_slots(plan, completion_mask, source):
-    """For a plan with "predict" (K,): (slots (K,) the flat packed slot that predicts each completion token
-    up to a row's last real one, row by row, column by column; at (n,T) each token's index in them, K where
-    none). Entries past the tokens read slot 0 (computed, never read back)."""
-    k = plan["predict"].shape[-1]
+def lm_head_rows(plan, completion_mask, source, valid):
+    """(take, back) for the LM head of a packed pass: take maps per-slot (R,L,...) arrays to the rows the LM
+    head runs on, back maps its (rows...) outputs to the (n,T) completion layout, 0 where not valid. With
+    "predict" (K,) in the plan those rows are the K slots that predict a completion token (up to a row's
+    last real one, row by row, column by column), gathered as (g, K/g) with g = gcd(R, K); entries past the
+    tokens read slot 0 (computed, never read back). Without it, every slot."""
     n, t = completion_mask.shape
+    if "predict" not in plan:
+        return (lambda x: x), (lambda y: unpack(y, source, valid, t))
+    k = plan["predict"].shape[-1]
     ext = jnp.where(plan["row"] >= 0, completion_extent(completion_mask), 0)
     col = jnp.arange(t, dtype=jnp.int32)[None]
-    at = jnp.where(col < ext[:, None], (jnp.cumsum(ext) - ext)[:, None] + col, k)
+    at = jnp.where(col < ext[:, None], (jnp.cumsum(ext) - ext)[:, None] + col, k)  # (n,T): index in the K rows
     slots = jnp.zeros((k,), jnp.int32).at[at.reshape(-1)].set(source[:, :t].reshape(-1), mode="drop")
-    return slots, at
 
+    def take(x):
+        g = math.gcd(x.shape[0], k)
+        return jnp.take(x.reshape(-1, *x.shape[2:]), slots, axis=0).reshape(g, -1, *x.shape[2:])
 
-def gather_predictors(x, slots, rows: int):
-    """(R,L,...) per-slot values -> (g, K/g, ...) at `slots` (K,), g = gcd(R, K): rows of a batch again."""
-    g = math.gcd(rows, slots.shape[0])
-    return jnp.take(x.reshape(-1, *x.shape[2:]), slots, axis=0).reshape(g, -1, *x.shape[2:])
-
-
-def unpack_predicted(y, at):
-    """(g, K/g) values at the predictor slots -> (n,T) at the completion layout; 0 where none."""
-    flat = y.reshape(-1)
-    return jnp.where(at < flat.shape[0], jnp.take(flat, jnp.minimum(at, flat.shape[0] - 1)), 0.0)
+    def back(y):
+        flat = y.reshape(-1)
+        return jnp.where(at < k, jnp.take(flat, jnp.minimum(at, k - 1)), 0.0)
+    return take, back
 
 
 def unpack(x, source, valid, columns: int):
@@ -301,16 +301,8 @@ def packed_logprobs(config: ModelConfig, params, prompts, prompt_mask, completio
                                         prompt_routes, routes)
     hidden = packed_hidden(config, params, packed, dropout_rng)
     targets = jnp.roll(packed["tokens"], -1, axis=1)  # the slot after each one: the token it predicts
-    t = completions.shape[1]
-    if "predict" in plan:  # the LM head on the K predictor slots only
-        slots, at = predictor_slots(plan, completion_mask, source)
-        rows = hidden.shape[0]
-        out = logprobs_from_hidden(config, params, gather_predictors(hidden, slots, rows),
-                                   gather_predictors(targets, slots, rows), temperature, with_entropy=with_entropy)
-        back = lambda y: unpack_predicted(y, at)
-    else:
-        out = logprobs_from_hidden(config, params, hidden, targets, temperature, with_entropy=with_entropy)
-        back = lambda y: unpack(y, source, valid, t)
+    take, back = lm_head_rows(plan, completion_mask, source, valid)
+    out = logprobs_from_hidden(config, params, take(hidden), take(targets), temperature, with_entropy=with_entropy)
     return (back(out[0]), back(out[1])) if with_entropy else back(out)
 
 

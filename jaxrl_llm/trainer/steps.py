@@ -29,8 +29,8 @@ import optax
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.transformer import lm_head_weight
-from jaxrl_llm.models.packing import (completion_extent, gather_predictors, pack_layout, packed_hidden, packed_logprobs,
-                                      packed_values, predictor_slots, unpack, unpack_predicted)
+from jaxrl_llm.models.packing import (completion_extent, lm_head_rows, pack_layout, packed_hidden, packed_logprobs,
+                                      packed_values)
 from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
@@ -129,16 +129,8 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
         hidden = packed_hidden(mc, policy, packed, dropout_rng)  # (R,L,D): the slots (MoE: the sampler's routes)
         packed = {k: v for k, v in packed.items() if k != "routes"}  # the teacher routes its own tokens
         targets = jnp.roll(packed["tokens"], -1, axis=1)  # the token each slot predicts
-        teacher_hidden = packed_hidden(tmc, teacher, packed)
-        T = b["tokens"].shape[1]
-        if "predict" in pack:  # the LM heads on the slots that predict a completion token only
-            slots, at = predictor_slots(pack, attended(b), source)
-            rows = hidden.shape[0]
-            hidden, targets, teacher_hidden = (gather_predictors(x, slots, rows) for x in (hidden, targets,
-                                                                                             teacher_hidden))
-            back = lambda y: unpack_predicted(y, at)
-        else:
-            back = lambda y: unpack(y, source, valid, T)
+        take, back = lm_head_rows(pack, attended(b), source, valid)  # [the slots that predict a token only]
+        hidden, targets, teacher_hidden = take(hidden), take(targets), take(packed_hidden(tmc, teacher, packed))
         logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True)
         return tuple(back(x) for x in (logp, ent, jsd(hidden, teacher_hidden)))
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),

@@ -69,13 +69,35 @@ def _update(u: dict) -> list[str]:
 
 
 def _grpo(g: dict) -> list[str]:
-    rows = [[k, v["first"], v["median"], v["spread"]] for k, v in g["timings"].items()]
-    args = g["args"]  # without the interpreter's path, which says nothing
-    shown = [a for i, a in enumerate(args) if a != "--trl-python" and (i == 0 or args[i - 1] != "--trl-python")]
-    return [f"\n**GRPO iteration** (`benchmarks/grpo_iteration.py {' '.join(shown)}`; {g['params'] / 1e9:.2f}B "
-            "parameters):\n",
-            markdown_table(["framework", "first iteration s", "iteration s (median)", "spread"], rows),
-            *[f"- {line}" for line in g["lines"]]]
+    """One table over the stage's runs (older results hold a single run at the top level)."""
+    runs = g.get("runs") or {"": g}
+    lines = ["\n**GRPO iteration** (`benchmarks/grpo_iteration.py`, ours against TRL's `GRPOTrainer` on the same card; "
+             "peak device memory: XLA's peak bytes in use and torch's max_memory_allocated, each in its own "
+             "process):\n"]
+    rows, failed = [], []
+    for label, r in runs.items():
+        if "timings" not in r:
+            failed.append(f"- {label}: did not finish: {r.get('error', 'no result')[:200]}")
+            continue
+        ours = r["timings"].get("jaxrl_llm")
+        for name, t in r["timings"].items():
+            ratio = f"**{t['median'] / ours['median']:.2f}x**" if ours and name != "jaxrl_llm" else ""
+            peak = (r.get("device_peak_gib") or {}).get(name)
+            rows.append([label or "-", name, t["first"], t["median"], t["spread"], ratio,
+                         "" if peak is None else f"{peak:.2f}"])
+    lines.append(markdown_table(["run", "framework", "first iteration s", "iteration s (median)", "spread",
+                                 "ours / TRL iterations/s", "peak device GiB"], rows))
+    for label, r in runs.items():
+        if "timings" in r:
+            args = r["args"]  # without the interpreter's path, which says nothing
+            shown = [a for i, a in enumerate(args) if a != "--trl-python" and (i == 0 or args[i - 1] != "--trl-python")]
+            params = f"; {r['params'] / 1e9:.2f}B parameters" if "params" in r else ""
+            lines.append(f"- {label + ': ' if label else ''}`{' '.join(shown)}`{params}")
+            lines += [f"  - {line}" for line in r.get("lines", []) if "ratio against the faster" not in line]
+    lines += failed
+    if g.get("stopped"):
+        lines.append(f"- stopped {g['stopped']}; the runs above are those it finished")
+    return lines
 
 
 def _memory(m: dict) -> list[str]:

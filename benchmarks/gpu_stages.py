@@ -84,8 +84,10 @@ def stage_env(p) -> dict:
     return out
 
 
-PYTEST = ["tests/test_models.py", "tests/test_sampling.py", "tests/test_precision.py", "-k",
-          "transformers or trainer_logprobs or bfloat16 or precision"]
+# With the packed passes' attention (segments and shared-prompt branches: blockwise and the cuDNN wrapper).
+PYTEST = ["tests/test_models.py", "tests/test_sampling.py", "tests/test_precision.py", "tests/test_attention.py",
+          "tests/test_packing.py", "-k", "transformers or trainer_logprobs or bfloat16 or precision or branch or shared "
+          "or cudnn"]
 
 
 def run_pytest(budget: float) -> dict:
@@ -283,7 +285,9 @@ def stage_update(p) -> dict:
     return out
 
 
-def stage_grpo(p) -> dict:
+def stage_grpo(p, save) -> dict:
+    """Each of the plan's GRPO runs in turn (`save` gets the runs so far after each one)."""
+    import gc
     import importlib.util
 
     import grpo_iteration
@@ -291,13 +295,21 @@ def stage_grpo(p) -> dict:
     frameworks = "ours,trl" if importlib.util.find_spec("trl") else "ours"
     device = "cpu" if jax.default_backend() == "cpu" else "cuda"
     dtype = "float32" if device == "cpu" else "bfloat16"
-    args = [*p["grpo"], "--frameworks", frameworks, "--device", device, "--dtype", dtype,
-            "--trl-python", sys.executable, "--trl-threads", str(os.cpu_count())]
-    out = grpo_iteration.main(args)
-    out["args"] = args
-    if frameworks == "ours":
-        out["lines"].append("TRL: not installed in this environment")
-    return out
+    runs = {}
+    for label, run in p["grpo"].items():
+        args = [*run, "--frameworks", frameworks, "--device", device, "--dtype", dtype,
+                "--trl-python", sys.executable, "--trl-threads", str(os.cpu_count())]
+        try:
+            out = grpo_iteration.main(args)
+        except Exception as e:  # recorded; the next run still goes
+            out = {"error": " ".join(f"{type(e).__name__}: {e}".split())[-2000:]}  # the tail: a worker's exception
+        out["args"] = args
+        if frameworks == "ours":
+            out.setdefault("lines", []).append("TRL: not installed in this environment")
+        runs[label] = out
+        save({"runs": runs})
+        gc.collect()
+    return {"runs": runs}
 
 
 def stage_memory(p) -> dict:

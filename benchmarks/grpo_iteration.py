@@ -143,8 +143,11 @@ def result_lines(args, timings, done, unavailable) -> list[str]:
     T, lines = args.new_tokens, []
     ours = timings.get("jaxrl_llm")
     for name in (n for n in timings if n != "jaxrl_llm" and ours):
-        lines.append(f"jaxrl_llm / {name} iterations/s ratio: {timings[name].median / ours.median:.2f}x; "
-                     f"peak RSS ratio (theirs / ours): {done[name]['peak_rss_gib'] / done['jaxrl_llm']['peak_rss_gib']:.2f}x")
+        ours_dev, theirs_dev = done["jaxrl_llm"].get("device_peak_gib"), done[name].get("device_peak_gib")
+        # On the GPU the bytes that matter are the device's (host RSS there read the same for both processes).
+        memory = (f"peak device memory {ours_dev:.2f} GiB against {theirs_dev:.2f} GiB" if ours_dev and theirs_dev else
+                  f"peak RSS ratio (theirs / ours): {done[name]['peak_rss_gib'] / done['jaxrl_llm']['peak_rss_gib']:.2f}x")
+        lines.append(f"jaxrl_llm / {name} iterations/s ratio: {timings[name].median / ours.median:.2f}x; {memory}")
     trl = [n for n in timings if n.startswith("TRL")]
     if ours and trl:
         best = min(trl, key=lambda n: timings[n].median)
@@ -219,7 +222,8 @@ def main(argv=None):
                         + "\n".join(f"- {line}" for line in lines) + (f"\n\n{stage_table}" if stage_table else ""))
     result = {"timings": {name: {"first": tm.first, "median": tm.median, "spread": tm.spread}
                           for name, tm in timings.items()},
-              "setup_s": setup, "peak_rss_gib": {n: d["peak_rss_gib"] for n, d in done.items()}, "flops": flops,
+              "setup_s": setup, "peak_rss_gib": {n: d["peak_rss_gib"] for n, d in done.items()},
+              "device_peak_gib": {n: d.get("device_peak_gib") for n, d in done.items()}, "flops": flops,
               "roofline_s": roofline, "peak_flops": peak, "lines": lines, "params": config.num_params(),
               "unavailable": unavailable, "load_average": loads, "machine": machine, "args": vars(args),
               "step_ends": step_ends}

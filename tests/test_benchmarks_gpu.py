@@ -32,6 +32,8 @@ def test_dry_run_passes_every_stage_and_writes_its_results(tmp_path):
     assert toy["full length"]["lengths_ours"]["min"] == toy["new"]  # every row ran to the cap
     assert toy["heavy-tailed"]["lengths_ours"]["median"] < toy["new"]  # the stop set ends rows early
     assert all(r["tflops"] > 0 for r in s["update"]["runs"])
+    grpo = s["grpo"]["runs"]  # uniform and heavy-tailed (packed), both frameworks timed in each
+    assert set(grpo) == {"toy uniform", "toy heavy-tailed"} and all(len(r["timings"]) == 2 for r in grpo.values())
     assert s["memory"]["plan_cpu"]["peak"] > s["memory"]["plan_cpu"]["params"] > 0
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- gpu-suite-results:begin -->" in text
@@ -86,3 +88,17 @@ def test_saved_runs_merge_into_one_report():
     # A failed later run of a stage replaces the earlier result: nothing stale is kept beside an error.
     failed = {"stages": {"sampler": {"status": "error", "error": "x"}}, "seconds": 1.0}
     assert gpu_suite.merge_results([*runs, failed])["stages"]["sampler"] == {"status": "error", "error": "x"}
+
+
+def test_grpo_reruns_replace_their_label_alone():
+    """The H200 results of 2026-11-28: the first call's 1.5B runs failed (both sides on the card at once),
+    the second reran 1.5B uniform alone. Merged, that label is the rerun's and the others stay as they were."""
+    runs = [json.load(open(os.path.join(ROOT, "benchmarks", "results", f"h200-2026-11-28-{x}.json"))) for x in "ab"]
+    assert "error" in runs[0]["stages"]["grpo"]["runs"]["1.5B uniform"]
+    merged = gpu_suite.merge_results(runs)["stages"]["grpo"]["runs"]
+    assert set(merged) == {"0.5B uniform", "0.5B heavy-tailed", "1.5B uniform", "1.5B heavy-tailed"}
+    assert merged["1.5B uniform"] == runs[1]["stages"]["grpo"]["runs"]["1.5B uniform"]
+    assert merged["0.5B uniform"] == runs[0]["stages"]["grpo"]["runs"]["0.5B uniform"]
+    text = gpu_suite.render(gpu_suite.merge_results(runs))
+    assert text.count("| 0.5B uniform |") == 2 and "| 1.5B uniform | TRL (cuda) |" in text
+    assert "- 1.5B heavy-tailed: did not finish" in text and text.count("**GRPO iteration**") == 1

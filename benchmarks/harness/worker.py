@@ -15,7 +15,7 @@ import time
 import types
 
 from harness.grpo import even_words
-from harness.memory import peak_rss_gib
+from harness.memory import device_peak_gib, peak_rss_gib
 from harness.peers import emit, wait_for_go
 
 
@@ -71,7 +71,7 @@ def trl_worker(args) -> None:
     trainer.train()
     emit("done", prompt_lengths=sorted(lengths["prompt"]), completion_mean_lengths=lengths["completion"],
          completion_min_lengths=lengths["completion_min"], completion_max_lengths=lengths["completion_max"],
-         peak_rss_gib=peak_rss_gib())
+         peak_rss_gib=peak_rss_gib(), device_peak_gib=device_peak_gib("torch"))
 
 
 # ---------------------------------------------------------------------------------------------- Tunix
@@ -209,7 +209,7 @@ def ours_worker(args) -> None:
     # time would include the stage timing below (minutes at 0.5B, and the median of 2 repeats is a mean).
     emit("ready")
     stages = stage_times(ours, args.stages) if args.stages else {}
-    emit("done", metrics=metrics, stages=stages, peak_rss_gib=peak_rss_gib())
+    emit("done", metrics=metrics, stages=stages, peak_rss_gib=peak_rss_gib(), device_peak_gib=device_peak_gib("jax"))
     ours.trainer.ckpt.close()
     ours.trainer.writer.close()
 

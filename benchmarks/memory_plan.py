@@ -35,7 +35,8 @@ Packing (`--pack_length` L > 0): the score and update programs run on packed row
 plans from the rollout's lengths, so the plan assumes completions of `--mean_new_tokens` tokens on average
 packed at 90% efficiency: R = the trainer's rounding (models/packing.pack_rows) of ceil(tokens / (0.9 L))
 rows per micro-batch of n rows, tokens = n/G (P - 1) + n (1 + mean) with shared prompts (the default), n (P
-+ mean) without; the LM head runs on K = n mean rows (a power of two). Longer completions need more rows.
++ mean) without; the LM head's rows K = R L, as the trainer sets them (its chunks past the last predicting
+slot are skipped at run time, and only one chunk's logits exist at a time). Longer completions need more rows.
 
 Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
 the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
@@ -212,7 +213,6 @@ def abstract_packs(c, mesh, mean_new_tokens: int):
     import jax
     from jaxrl_llm import sharding
     from jaxrl_llm.models.packing import pack_rows
-    from jaxrl_llm.trainer.packs import pow2_multiple
     if not c.train.pack_length:
         return None, None
     B, G, P, L = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.train.pack_length
@@ -221,7 +221,7 @@ def abstract_packs(c, mesh, mean_new_tokens: int):
     mean = mean_new_tokens or c.rollout.max_new_tokens // 4
     tokens = n // G * (P - 1) + n * (1 + mean) if c.train.pack_share_prompt else n * (P + mean)
     r = pack_rows(math.ceil(tokens / (0.9 * L)), sharding.batch_divisor(mesh), cap=n)
-    k, rep = pow2_multiple(n * mean, sharding.batch_divisor(mesh)), sharding.replicated(mesh)
+    k, rep = r * L, sharding.replicated(mesh)  # the LM head's rows: every slot (chunks past the tokens skipped)
     shape = lambda *s: jax.ShapeDtypeStruct(s, "int32", sharding=rep)
     plan = lambda m: {"row": shape(m, n), "offset": shape(m, n), "slots": shape(m, r), "predict": shape(m, k)} | (
         {"prompt_offset": shape(m, n)} if c.train.pack_share_prompt else {})

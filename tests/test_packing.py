@@ -10,9 +10,10 @@ import pytest
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, value_head
+from jaxrl_llm.models import packing
 from jaxrl_llm.models.lm import init_params
 from jaxrl_llm.models.packing import (first_fit_decreasing, first_fit_shared, pack_layout, pack_rows, packed_logprobs,
-                                      packed_values, plan_packs, plan_shared_packs, sequence_lengths, with_predictors)
+                                      packed_values, plan_packs, plan_shared_packs, sequence_lengths)
 from jaxrl_llm.models.value import init_value_params
 from jaxrl_llm.trainer import Trainer
 
@@ -70,26 +71,48 @@ def test_plans_are_valid_packings_and_rows_are_bucketed():
 
 
 def test_packed_shapes_follow_the_need_and_reuse_compiled_ones():
-    """choose_shape: every step's (R, K) fits its need, at most one bucket above it (a high-water mark would
-    keep the largest ever), and reuses a shape it has run whenever one is that close: over 300 steps of
+    """choose_shape: every step's R fits its need, at most one bucket above it (a high-water mark would keep
+    the largest ever), and reuses a shape it has run whenever one is that close: over 300 steps of
     heavy-tailed needs, a handful of shapes, not one per step."""
-    from jaxrl_llm.trainer.packs import choose_shape, pow2_multiple
+    from jaxrl_llm.trainer.packs import choose_shape
     rng = np.random.default_rng(3)
     for multiple in (1, 4):
         used = set()
         for step in range(300):
             ext = np.minimum(rng.geometric(0.07, 16), 48)
             r = pack_rows(int(-(-(4 * 31 + (ext + 1).sum()) // 128)), multiple, cap=16)
-            k = int(ext.sum())
-            shape = choose_shape(used, r, k, multiple)
+            shape = choose_shape(used, r, multiple)
             used.add(shape)
-            assert r <= shape[0] <= pack_rows(r + 1, multiple, cap=2 ** 62) and k <= shape[1] <= 4 * k + 4 * multiple
-            assert shape[0] % multiple == 0 == shape[1] % multiple
+            assert r <= shape <= pack_rows(r + 1, multiple, cap=2 ** 62) and shape % multiple == 0
             if step == 0:
-                assert shape == (r, pow2_multiple(k, multiple))
-        assert len(used) <= 8, used
-    assert choose_shape({(6, 512)}, 4, 300) == (4, 512)  # 6 rows is two buckets above 4: not reused
-    assert choose_shape({(5, 512), (6, 512)}, 4, 300) == (5, 512)
+                assert shape == r
+        assert len(used) <= 4, used
+    assert choose_shape({6}, 4) == 4  # 6 rows is two buckets above 4: not reused
+    assert choose_shape({5, 6}, 4) == 5
+
+
+def test_skipped_lm_head_chunks_change_nothing_they_read():
+    """logprobs_from_hidden with `active`: the chunks wholly past column `active` are skipped (their outputs
+    exactly 0, where the full pass gives log-probs < 0), the others are the full pass's, and so is the
+    gradient of anything that reads only columns < active."""
+    mc = model("xla")
+    params = init_params(mc, jax.random.PRNGKey(0))
+    hidden = jax.random.normal(jax.random.PRNGKey(1), (2, 10, mc.hidden_size))
+    targets = jax.random.randint(jax.random.PRNGKey(2), (2, 10), 0, mc.vocab_size)
+    w = jax.random.normal(jax.random.PRNGKey(3), (2, 10)) * (jnp.arange(10) < 4)  # reads columns 0..3
+
+    def run(active):  # chunks of 3 columns start at 0, 3, 6, 9: with active=4 those at 6 and 9 are skipped
+        def f(p, h):
+            logp, ent = logprobs_from_hidden(mc, p, h, targets, 0.7, with_entropy=True, chunk=3, active=active)
+            return jnp.sum(logp * w) + jnp.sum(ent * w), (logp, ent)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, hidden)
+
+    (_, full), g_full = run(None)
+    (_, part), g_part = run(jnp.int32(4))
+    for x, y in zip(full, part):
+        np.testing.assert_allclose(np.asarray(y)[:, :6], np.asarray(x)[:, :6], atol=1e-6)
+        assert np.all(np.asarray(y)[:, 6:] == 0) and np.all(np.asarray(x)[:, 6:] != 0)
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-6), g_full, g_part)
 
 
 def test_prompts_are_shared_except_where_splash_runs(monkeypatch):
@@ -171,12 +194,13 @@ def test_shared_layout_holds_each_prompt_once(batch):
 
 @pytest.mark.parametrize("attention,kind", [("xla", "repeated"), ("blockwise", "repeated"), ("xla", "shared"),
                                             ("blockwise", "shared"), ("blockwise", "shared-split"),
-                                            ("xla", "shared-predict")])
-def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, kind):
+                                            ("xla", "shared-predict"), ("xla", "shared-predict-all")])
+def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, kind, monkeypatch):
     """Against the unpacked prompt-shared pass (the reference): 1e-5 on every real token, float32. Plans:
     a prompt copy per completion; shared prompts (rows of 40); shared in rows of 14, where prompt 0's group
     does not fit a row and is split (two copies of its prompt); shared, the LM head on the predictor slots
-    only ("predict": the 27 completion tokens up to each row's last, rounded to 28)."""
+    only ("predict": K = 28 rows for the 27 completion tokens up to each row's last; and K = every slot, as
+    the trainer sets it, in LM-head chunks of 4 rows so that most are skipped)."""
     pt, pm, ct, cm, w = batch
     mc = model(attention)
     params = init_params(mc, jax.random.PRNGKey(0))
@@ -190,10 +214,10 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, k
         # group 0 (a prompt of 2, completions of 1 and 12): 1 + 2 + 13 = 16 tokens shared, split in rows of 14
         assert (plan["row"][0] != plan["row"][1]) == (kind == "shared-split"), plan
         if kind == "shared-predict":
-            lengths = np.asarray(sequence_lengths(pm, cm))
-            plan = single(with_predictors(jax.tree_util.tree_map(lambda x: x[None], plan),
-                                          np.repeat(np.asarray(pm).sum(1), G)[None], lengths[None]))
-            assert plan["predict"].shape == (28,)
+            plan = {**plan, "predict": np.zeros(28, np.int32)}
+        if kind == "shared-predict-all":
+            monkeypatch.setattr(packing, "PREDICT_CHUNK_ROWS", 4)
+            plan = {**plan, "predict": np.zeros(plan["slots"].shape[-1] * length, np.int32)}
     L_ = length
 
     def ref(p):
@@ -258,8 +282,8 @@ def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch):
         return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
     (_, ref), g_ref = run(None)
     lengths = np.asarray(sequence_lengths(pm, cm))
-    predicted = single(with_predictors(plan_shared_packs(np.repeat(pm.sum(1), G)[None], lengths[None], G, L),
-                                       np.repeat(pm.sum(1), G)[None], lengths[None]))
+    predicted = single(plan_shared_packs(np.repeat(pm.sum(1), G)[None], lengths[None], G, L))
+    predicted["predict"] = np.zeros(predicted["slots"].shape[-1] * L, np.int32)  # as the trainer sets K
     past_end = np.cumsum(cm[:, ::-1], axis=1)[:, ::-1] == 0
     for pack in (plan, predicted):  # a prompt copy each, LM heads on every slot; shared, on the predictors only
         (_, packed), g_packed = run(pack)

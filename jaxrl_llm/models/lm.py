@@ -92,16 +92,18 @@ def logits_chunk_for(config: ModelConfig, rows: int) -> int:
 
 @precise
 def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
-                         temperature=1.0, *, with_entropy: bool = False):
-    """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most
-    `logits_chunk_for(config, B)` tokens (`config.logits_chunk`, less for many rows x a large vocabulary).
+                         temperature=1.0, *, with_entropy: bool = False, chunk: int | None = None, active=None):
+    """log_softmax(logits/temperature) at `targets`, in equal sequence chunks of at most `chunk` tokens
+    (default `logits_chunk_for(config, B)`: `config.logits_chunk`, less for many rows x a large vocabulary).
 
     hidden (B,T,D) aligned with targets (B,T): hidden[:, t] predicts targets[:, t]. Only a (B,chunk,V)
     float32 block of logits exists at a time, in the backward pass too (each chunk is rematerialized),
-    so a 152k vocabulary stays affordable. Returns logp (B,T) [and entropy (B,T)] float32.
+    so a 152k vocabulary stays affordable. `active` (int32 scalar, traced): only columns t < active are
+    read; a chunk wholly at or past it is skipped at run time (its outputs 0, forward and backward), so a
+    static T larger than the tokens costs the LM head nothing. Returns logp (B,T) [and entropy (B,T)] float32.
     """
     b, t, d = hidden.shape
-    n = -(-t // logits_chunk_for(config, b))
+    n = -(-t // (chunk or logits_chunk_for(config, b)))
     chunk = -(-t // n)  # n equal chunks of at most logits_chunk: padding < n, not up to a whole chunk
     pad = n * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
@@ -120,7 +122,16 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
         probs = jnp.exp(logits - logz[..., None])
         return logp, logz - jnp.sum(probs * logits, axis=-1)
 
-    _, (logp, ent) = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
+    def skipped(h, tgt):
+        zeros = jnp.zeros(tgt.shape, jnp.float32)
+        return zeros, (zeros if with_entropy else None)
+
+    def body(c, xs):
+        start, h, tgt = xs
+        return c, (one(h, tgt) if active is None else jax.lax.cond(start < active, one, skipped, h, tgt))
+
+    starts = jnp.arange(n, dtype=jnp.int32) * chunk
+    _, (logp, ent) = jax.lax.scan(body, None, (starts, h_chunks, t_chunks))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     return (unchunk(logp), unchunk(ent)) if with_entropy else unchunk(logp)
 

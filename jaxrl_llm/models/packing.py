@@ -26,9 +26,10 @@ then also has "prompt_offset": (n,) int32 the first slot of sequence n's prompt 
 where position 0 would be for its branch (its first slot minus plen - 1): sequence position j sits at
 slot prompt_offset + j below plen - 1 and at offset + j from there.
 
-A plan may also carry "predict": (K,) zeros whose shape is the number of LM-head rows (`with_predictors`):
-the log-prob passes then run the LM head on the K slots that predict a completion token (gathered), not
-on all R·L slots -- prompt copies and the padding after each row's last segment predict nothing used.
+A plan may also carry "predict": (K,) zeros whose shape is the number of LM-head rows (K >= the completion
+tokens up to each row's last real one; the trainer sets K = R·L): the log-prob passes then run the LM head
+on the slots that predict a completion token, gathered first, and skip its chunks past the last of them
+(`lm_head_rows`) -- prompt copies and the padding after each row's last segment predict nothing used.
 """
 from __future__ import annotations
 
@@ -169,15 +170,6 @@ def _stack(plans, n: int, multiple: int) -> dict:
     return {"row": np.stack([p[0] for p in plans]), "offset": np.stack([p[1] for p in plans]), "slots": slots}
 
 
-def with_predictors(plan: dict, prompt_lengths: np.ndarray, lengths: np.ndarray, multiple: int = 1) -> dict:
-    """The plan with "predict": (M,K) zeros, K >= every micro-batch's completion tokens up to their last real
-    one (lengths - prompt_lengths where packed), rounded as `pack_rows` rounds R (a multiple of `multiple`,
-    so the LM-head rows shard like packed rows). prompt_lengths, lengths (M,n)."""
-    ext = np.where(lengths > 0, lengths - prompt_lengths, 0).sum(axis=1)
-    k = pack_rows(int(ext.max(initial=0)), multiple, cap=2 ** 62)
-    return {**plan, "predict": np.zeros((len(lengths), k), np.int32)}
-
-
 def pack_efficiency(plan: dict, pack_length: int) -> float:
     """Real tokens / packed slots of a plan (1 = no padding at all)."""
     return float(np.sum(plan["slots"]) / max(plan["slots"].size * pack_length, 1))
@@ -259,29 +251,40 @@ def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
     return hidden
 
 
+# Rows of one LM-head chunk over the predictor slots: the chunks past a pass's last predictor are skipped
+# (lm.logprobs_from_hidden `active`), so this is the granularity of that saving; 256 rows keep the head's
+# matmul efficient on a CPU (the (rows, D) x (D, V) product reads the whole head once per chunk).
+PREDICT_CHUNK_ROWS = 256
+
+
 def lm_head_rows(plan, completion_mask, source, valid):
-    """(take, back) for the LM head of a packed pass: take maps per-slot (R,L,...) arrays to the rows the LM
-    head runs on, back maps its (rows...) outputs to the (n,T) completion layout, 0 where not valid. With
-    "predict" (K,) in the plan those rows are the K slots that predict a completion token (up to a row's
-    last real one, row by row, column by column), gathered as (g, K/g) with g = gcd(R, K); entries past the
-    tokens read slot 0 (computed, never read back). Without it, every slot."""
+    """(take, back, head) for the LM head of a packed pass: take maps per-slot (R,L,...) arrays to the rows
+    the LM head runs on, back maps its (rows...) outputs to the (n,T) completion layout, 0 where not valid,
+    and head is the `logprobs_from_hidden` keywords for those rows. With "predict" (K,) in the plan those
+    rows are the K slots that predict a completion token (up to a row's last real one, row by row, column
+    by column), laid column-major over (g, K/g) with g = gcd(R, K) (so that predictors fill the leading
+    columns and each of the g rows, which shard like packed rows, holds an equal share); entries past the
+    tokens read slot 0 (computed only within the last active chunk, never read back), and the chunks past
+    the last predictor are skipped: K can exceed the tokens at no LM-head cost. Without it, every slot."""
     n, t = completion_mask.shape
     if "predict" not in plan:
-        return (lambda x: x), (lambda y: unpack(y, source, valid, t))
+        return (lambda x: x), (lambda y: unpack(y, source, valid, t)), {}
     k = plan["predict"].shape[-1]
     ext = jnp.where(plan["row"] >= 0, completion_extent(completion_mask), 0)
     col = jnp.arange(t, dtype=jnp.int32)[None]
     at = jnp.where(col < ext[:, None], (jnp.cumsum(ext) - ext)[:, None] + col, k)  # (n,T): index in the K rows
     slots = jnp.zeros((k,), jnp.int32).at[at.reshape(-1)].set(source[:, :t].reshape(-1), mode="drop")
+    g = math.gcd(plan["slots"].shape[-1], k)
 
     def take(x):
-        g = math.gcd(x.shape[0], k)
-        return jnp.take(x.reshape(-1, *x.shape[2:]), slots, axis=0).reshape(g, -1, *x.shape[2:])
+        flat = jnp.take(x.reshape(-1, *x.shape[2:]), slots, axis=0)
+        return flat.reshape(k // g, g, *x.shape[2:]).swapaxes(0, 1)
 
     def back(y):
-        flat = y.reshape(-1)
+        flat = y.swapaxes(0, 1).reshape(-1)
         return jnp.where(at < k, jnp.take(flat, jnp.minimum(at, k - 1)), 0.0)
-    return take, back
+    head = {"chunk": max(1, PREDICT_CHUNK_ROWS // g), "active": -(-jnp.sum(ext) // g)}
+    return take, back, head
 
 
 def unpack(x, source, valid, columns: int):
@@ -301,8 +304,9 @@ def packed_logprobs(config: ModelConfig, params, prompts, prompt_mask, completio
                                         prompt_routes, routes)
     hidden = packed_hidden(config, params, packed, dropout_rng)
     targets = jnp.roll(packed["tokens"], -1, axis=1)  # the slot after each one: the token it predicts
-    take, back = lm_head_rows(plan, completion_mask, source, valid)
-    out = logprobs_from_hidden(config, params, take(hidden), take(targets), temperature, with_entropy=with_entropy)
+    take, back, head = lm_head_rows(plan, completion_mask, source, valid)
+    out = logprobs_from_hidden(config, params, take(hidden), take(targets), temperature, with_entropy=with_entropy,
+                               **head)
     return (back(out[0]), back(out[1])) if with_entropy else back(out)
 
 

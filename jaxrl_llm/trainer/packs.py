@@ -3,13 +3,13 @@ chunks and update micro-batches, in the row order the jitted steps select them (
 
 The plans are made on the host (numpy first-fit-decreasing over the rows' lengths: 31 ms for 512 rows,
 0.24 s for 8 micro-batches of 512 on the loaded 2-core development machine, next to passes of seconds
-to minutes) because the number of packed rows R (and of LM-head rows K) they need is data-dependent and
-must be a static shape: the host rounds each step's need up to a bucket (R: models/packing.pack_rows, four
-per doubling; K: a power of two, as it only sizes the LM head's rows), and each pass compiles once per
-(R, K) it runs. The shapes follow the need, reusing a shape already compiled when it is at most one bucket
-above it: a high-water mark would keep every step at the size of the longest batch seen (measured,
+to minutes) because the number of packed rows R they need is data-dependent and must be a static shape: the host
+rounds each step's need up to a bucket (models/packing.pack_rows, four per doubling), and each pass
+compiles once per R it runs (the LM-head rows K follow R: every slot, the chunks past the last predictor
+skipped at run time). The shapes follow the need, reusing a shape already compiled when it is at most one
+bucket above it: a high-water mark would keep every step at the size of the longest batch seen (measured,
 heavy-tailed lengths at SmolLM2-135M's shape: one long batch took R from 4 to 6 rows of 128 for all later
-steps, score + update 7.0 s against 4.6-5.3 s before it), and exact buckets alone compiled a new (R, K) at
+steps, score + update 7.0 s against 4.6-5.3 s before it), and exact buckets alone compiled a new shape at
 most steps of a short run. Models/packing.py does the packing itself, on device.
 """
 from __future__ import annotations
@@ -20,8 +20,7 @@ import numpy as np
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models.kernels import resolve_attention
-from jaxrl_llm.models.packing import (pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths,
-                                      with_predictors)
+from jaxrl_llm.models.packing import pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths
 from jaxrl_llm.trainer.steps import attended
 
 
@@ -49,20 +48,12 @@ def shares_prompt(requested: bool, model_config, pack_length: int) -> bool:
                                            head_dim=mc.head_dim, keys=pack_length, segments=True) != "splash"
 
 
-def pow2_multiple(k: int, multiple: int) -> int:
-    """The smallest multiple * 2^e >= k."""
-    units = -(-max(k, 1) // multiple)
-    return multiple * (1 << (units - 1).bit_length())
-
-
-def choose_shape(used: set, r: int, k: int, multiple: int = 1) -> tuple[int, int]:
-    """The (R, K) a pass runs for a need of r packed rows (already a `pack_rows` bucket) and k LM-head rows:
-    the smallest shape in `used` (those it has run) that fits and is at most one bucket above the need (R:
-    the next `pack_rows` bucket; K: twice its power of two), else the need itself, K rounded up to
-    multiple * 2^e."""
-    k = pow2_multiple(k, multiple)
-    fits = sorted((rr, kk) for rr, kk in used if r <= rr <= pack_rows(r + 1, multiple, cap=2 ** 62) and k <= kk <= 2 * k)
-    return fits[0] if fits else (r, k)
+def choose_shape(used: set, r: int, multiple: int = 1) -> int:
+    """The R a pass runs for a need of r packed rows (already a `pack_rows` bucket): the smallest in `used`
+    (those it has run) that fits and is at most one bucket above the need (the next `pack_rows` bucket),
+    else the need itself."""
+    fits = sorted(rr for rr in used if r <= rr <= pack_rows(r + 1, multiple, cap=2 ** 62))
+    return fits[0] if fits else r
 
 
 class Packer:
@@ -88,12 +79,13 @@ class Packer:
                                      self.multiple)
         else:
             plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple)
-        plan = with_predictors(plan, self.prompt_lengths[rows], self.lengths[rows], self.multiple)
-        r, k = choose_shape(self.shapes[kind], plan["slots"].shape[-1], plan["predict"].shape[-1], self.multiple)
-        self.shapes[kind].add((r, k))
-        m = len(rows)
+        r = choose_shape(self.shapes[kind], plan["slots"].shape[-1], self.multiple)
+        self.shapes[kind].add(r)
         plan["slots"] = np.pad(plan["slots"], ((0, 0), (0, r - plan["slots"].shape[-1])))  # empty rows
-        plan["predict"] = np.zeros((m, k), np.int32)
+        # The LM head runs on the slots that predict a completion token, gathered first; K = every slot of
+        # the R rows, since the LM-head chunks past the last predictor are skipped (packing.lm_head_rows):
+        # K never needs a compile of its own.
+        plan["predict"] = np.zeros((len(rows), r * self.pack_length), np.int32)
         self.efficiency.append(pack_efficiency(plan, self.pack_length))
         return plan
 

@@ -129,9 +129,9 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
         hidden = packed_hidden(mc, policy, packed, dropout_rng)  # (R,L,D): the slots (MoE: the sampler's routes)
         packed = {k: v for k, v in packed.items() if k != "routes"}  # the teacher routes its own tokens
         targets = jnp.roll(packed["tokens"], -1, axis=1)  # the token each slot predicts
-        take, back = lm_head_rows(pack, attended(b), source, valid)  # [the slots that predict a token only]
+        take, back, head = lm_head_rows(pack, attended(b), source, valid)  # [the slots that predict a token only]
         hidden, targets, teacher_hidden = take(hidden), take(targets), take(packed_hidden(tmc, teacher, packed))
-        logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True)
+        logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True, **head)
         return tuple(back(x) for x in (logp, ent, jsd(hidden, teacher_hidden)))
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng, prompt_routes=_layers_first(b.get("prompt_routes")),

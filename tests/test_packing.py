@@ -1,5 +1,6 @@
 """Sequence packing (`train.pack_length`): plans, packed passes against the unpacked path (the slow
 reference), the trainer's score and update passes, and a short run with and without packing."""
+import dataclasses
 import os
 import sys
 
@@ -113,6 +114,16 @@ def test_skipped_lm_head_chunks_change_nothing_they_read():
         np.testing.assert_allclose(np.asarray(y)[:, :6], np.asarray(x)[:, :6], atol=1e-6)
         assert np.all(np.asarray(y)[:, 6:] == 0) and np.all(np.asarray(x)[:, 6:] != 0)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-6), g_full, g_part)
+    # Memory: the skipping gradient keeps no per-chunk copy of the LM head (autodiff through lax.cond did:
+    # cond's residuals came out zero-filled per branch and were stacked over the chunks).
+    big = dataclasses.replace(mc, vocab_size=8192, tie_word_embeddings=False)
+    head_bytes = big.vocab_size * big.hidden_size * 4
+    p_big = init_params(big, jax.random.PRNGKey(0))
+
+    def temp(active):
+        f = lambda p, h: jnp.sum(logprobs_from_hidden(big, p, h, targets, chunk=3, active=active) * w)
+        return jax.jit(jax.grad(f, argnums=(0, 1))).lower(p_big, hidden).compile().memory_analysis().temp_size_in_bytes
+    assert temp(jnp.int32(4)) < 2 * head_bytes, (temp(jnp.int32(4)), temp(None), head_bytes)
 
 
 def test_prompts_are_shared_except_where_splash_runs(monkeypatch):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.precision import precise
+from jaxrl_llm.models.precision import matmul_precision, precise
 from jaxrl_llm.models.decode import decode_layer, decode_weights, left_matmul, weights_on_left
 from jaxrl_llm.models.kernels import soft_cap
 from jaxrl_llm.models.transformer import Decoder, embed, lm_head_weight, rms_norm, rope_cos_sin
@@ -50,10 +50,14 @@ def hidden_states(config: ModelConfig, params, tokens: jax.Array, attention_mask
 @precise
 def logits_from_hidden(config: ModelConfig, params, hidden: jax.Array) -> jax.Array:
     """(..., D) -> float32 logits (..., V)."""
+    return logits_from_weight(config, lm_head_weight(config, params), hidden)
+
+
+def logits_from_weight(config: ModelConfig, w: jax.Array, hidden: jax.Array) -> jax.Array:
+    """(..., D) -> float32 logits (..., V) through the LM head's (D, V) weight `w`."""
     dt = jnp.dtype(config.dtype)
-    w = lm_head_weight(config, params).astype(dt)
     # On flattened rows: XLA:CPU differentiates a 2-D matmul much faster than an N-D one (transformer.Dense).
-    logits = jnp.dot(hidden.reshape(-1, hidden.shape[-1]).astype(dt), w, preferred_element_type=jnp.float32)
+    logits = jnp.dot(hidden.reshape(-1, hidden.shape[-1]).astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
     return soft_cap(logits.reshape(*hidden.shape[:-1], w.shape[-1]), config.final_softcap)
 
 
@@ -111,29 +115,70 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     h_chunks = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)
     t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
     temperature = jnp.asarray(temperature, jnp.float32)
+    w = lm_head_weight(config, params)
+    if active is None:
+        one = jax.checkpoint(lambda h, tgt: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature))
+        _, out = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
+    else:
+        starts = jnp.arange(n, dtype=jnp.int32) * chunk
+        out = _skipping_chunks(config, with_entropy, w, h_chunks, t_chunks, temperature, starts,
+                               jnp.asarray(active, jnp.int32))
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return (unchunk(out[0]), unchunk(out[1])) if with_entropy else unchunk(out[0])
 
-    @jax.checkpoint
-    def one(h, tgt):
-        logits = logits_from_hidden(config, params, h) / temperature
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        logp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - logz
-        if not with_entropy:
-            return logp, None
-        probs = jnp.exp(logits - logz[..., None])
-        return logp, logz - jnp.sum(probs * logits, axis=-1)
 
-    def skipped(h, tgt):
-        zeros = jnp.zeros(tgt.shape, jnp.float32)
-        return zeros, (zeros if with_entropy else None)
+def _chunk_logprobs(config: ModelConfig, with_entropy: bool, w, h, tgt, temperature) -> tuple:
+    """(logp,) or (logp, entropy) of one chunk: h (B,c,D), tgt (B,c) -> each (B,c) float32."""
+    logits = logits_from_weight(config, w, h) / temperature
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    logp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - logz
+    if not with_entropy:
+        return (logp,)
+    probs = jnp.exp(logits - logz[..., None])
+    return logp, logz - jnp.sum(probs * logits, axis=-1)
 
+
+# The chunks of logprobs_from_hidden with `active`: a chunk starting at or past it is skipped, forward and
+# backward. A custom VJP, not autodiff through lax.cond: cond's partial evaluation makes every branch output
+# the union of the branches' residuals (zeros where a branch has none), so the LM head's (D, V) weight came
+# out of each chunk's cond as a residual and was stacked over the chunks (measured at SmolLM2-135M's shape:
+# a (2, 49152, 576) float32 array written in the update, 226 MB). Here the residuals are the inputs, and
+# the backward recomputes each active chunk (as jax.checkpoint did) and accumulates the weight's gradient.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _skipping_chunks(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active):
+    return _skipping_fwd(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active)[0]
+
+
+def _skipping_fwd(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active):
     def body(c, xs):
         start, h, tgt = xs
-        return c, (one(h, tgt) if active is None else jax.lax.cond(start < active, one, skipped, h, tgt))
+        zeros = lambda: tuple(jnp.zeros(tgt.shape, jnp.float32) for _ in range(1 + with_entropy))
+        return c, jax.lax.cond(start < active, lambda: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature),
+                               zeros)
+    _, out = jax.lax.scan(body, None, (starts, h_chunks, t_chunks))
+    return out, (w, h_chunks, t_chunks, temperature, starts, active)
 
-    starts = jnp.arange(n, dtype=jnp.int32) * chunk
-    _, (logp, ent) = jax.lax.scan(body, None, (starts, h_chunks, t_chunks))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-    return (unchunk(logp), unchunk(ent)) if with_entropy else unchunk(logp)
+
+def _skipping_bwd(config, with_entropy, res, cts):
+    w, h_chunks, t_chunks, temperature, starts, active = res
+
+    def body(acc, xs):
+        start, h, tgt, ct = xs
+
+        def run(acc):
+            _, vjp = jax.vjp(lambda w_, h_, temp: _chunk_logprobs(config, with_entropy, w_, h_, tgt, temp),
+                             w, h, temperature)
+            dw, dh, dtemp = vjp(ct)
+            return (acc[0] + dw, acc[1] + dtemp), dh
+        return jax.lax.cond(start < active, run, lambda acc: (acc, jnp.zeros_like(h)), acc)
+
+    with matmul_precision(config):  # traced at transposition, outside logprobs_from_hidden's `precise`
+        (dw, dtemp), dh = jax.lax.scan(body, (jnp.zeros_like(w), jnp.zeros_like(temperature)),
+                                       (starts, h_chunks, t_chunks, tuple(cts)))
+    return dw, dh, None, dtemp, None, None
+
+
+_skipping_chunks.defvjp(_skipping_fwd, _skipping_bwd)
 
 
 @functools.partial(jax.jit, static_argnames="config")

@@ -165,9 +165,8 @@ def measure_update(trainer, *, repeats: int, extra: dict | None = None):
 def stage_times(ours, repeats: int) -> dict[str, float]:
     """Median seconds of each stage of `train_step`, each synchronized: rollout (generation + rewards on
     the host), [the packing plans,] reference log-probs, advantages, the update. Uses the trainer's own
-    jitted functions and, with train.pack_length, its packer."""
-
-
+    jitted functions and, with train.pack_length, its packer; then each pass also runs once untimed before
+    it is timed, since a step's packed shape may be new to it (a compile, not the pass's time)."""
     import jax
     t = ours.trainer
     rows: dict[str, list[float]] = {}
@@ -185,11 +184,15 @@ def stage_times(ours, repeats: int) -> dict[str, float]:
         b = timed("to device", lambda: t.rollouts.device_batch(local))
         ref = state.ref_params if state.ref_params is not None else t.frozen_ref
         pack = timed("packing plans (host)", lambda: t.packer.score(b)) if t.packer else None
+        if pack is not None:
+            jax.block_until_ready(t.fns.score(state, ref, b, pack))
         b.update(timed("reference log-probs", lambda: t.fns.score(state, ref, b, pack)))
         b.setdefault("old_logp", b["behavior_logp"])
         b.update(timed("advantages", lambda: t.fns.prepare(b, state.kl.value))[0])
         pidx = jax.numpy.arange(t.c.rollout.batch_prompts)
         plan = t.packer.update(pidx) if t.packer else None
+        if plan is not None:  # a second update step, not a copy of the state: the update donates it
+            state, _ = jax.block_until_ready(t.fns.update(state, b, pidx, plan))
         state, _ = timed("update (fwd + bwd + AdamW)", lambda: t.fns.update(state, b, pidx, plan))
         if i == 0:
             rows = {}

@@ -1,6 +1,5 @@
 """Sequence packing (`train.pack_length`): plans, packed passes against the unpacked path (the slow
 reference), the trainer's score and update passes, and a short run with and without packing."""
-import dataclasses
 import os
 import sys
 
@@ -116,7 +115,7 @@ def test_skipped_lm_head_chunks_change_nothing_they_read():
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(y, x, atol=1e-6), g_full, g_part)
     # Memory: the skipping gradient keeps no per-chunk copy of the LM head (autodiff through lax.cond did:
     # cond's residuals came out zero-filled per branch and were stacked over the chunks).
-    big = dataclasses.replace(mc, vocab_size=8192, tie_word_embeddings=False)
+    big = mc.replace(vocab_size=8192, tie_word_embeddings=False)
     head_bytes = big.vocab_size * big.hidden_size * 4
     p_big = init_params(big, jax.random.PRNGKey(0))
 
@@ -211,7 +210,7 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, k
     a prompt copy per completion; shared prompts (rows of 40); shared in rows of 14, where prompt 0's group
     does not fit a row and is split (two copies of its prompt); shared, the LM head on the predictor slots
     only ("predict": K = 28 rows for the 27 completion tokens up to each row's last; and K = every slot, as
-    the trainer sets it, in LM-head chunks of 4 rows so that most are skipped)."""
+    the trainer sets it, in LM-head chunks of 4 rows or one column so that most are skipped)."""
     pt, pm, ct, cm, w = batch
     mc = model(attention)
     params = init_params(mc, jax.random.PRNGKey(0))
@@ -228,6 +227,7 @@ def test_packed_logprobs_values_and_gradients_equal_unpacked(batch, attention, k
             plan = {**plan, "predict": np.zeros(28, np.int32)}
         if kind == "shared-predict-all":
             monkeypatch.setattr(packing, "PREDICT_CHUNK_ROWS", 4)
+            monkeypatch.setattr(packing, "LOGITS_MIN_CHUNK", 1)
             plan = {**plan, "predict": np.zeros(plan["slots"].shape[-1] * length, np.int32)}
     L_ = length
 
@@ -273,7 +273,7 @@ def test_shared_packing_with_a_sliding_window_equals_unpacked(batch, attention):
     assert np.abs(np.where(cm > 0, wide - want, 0)).max() > 1e-3  # the window matters here
 
 
-def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch):
+def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch, monkeypatch):
     """gkd through packed rows (steps.gkd_divergence with a plan): the student's log-probs, entropies and
     generalized JSD to a teacher of another family and width, and the gradient of the masked divergence,
     equal the unpacked pass on every real token; padding reads 0."""
@@ -295,6 +295,8 @@ def test_packed_gkd_divergence_and_gradients_equal_unpacked(batch):
     lengths = np.asarray(sequence_lengths(pm, cm))
     predicted = single(plan_shared_packs(np.repeat(pm.sum(1), G)[None], lengths[None], G, L))
     predicted["predict"] = np.zeros(predicted["slots"].shape[-1] * L, np.int32)  # as the trainer sets K
+    monkeypatch.setattr(packing, "PREDICT_CHUNK_ROWS", 4)  # chunks of a column: the log-probs' and the
+    monkeypatch.setattr(packing, "LOGITS_MIN_CHUNK", 1)  # divergence's chunks past the predictors skipped
     past_end = np.cumsum(cm[:, ::-1], axis=1)[:, ::-1] == 0
     for pack in (plan, predicted):  # a prompt copy each, LM heads on every slot; shared, on the predictors only
         (_, packed), g_packed = run(pack)

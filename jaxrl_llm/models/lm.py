@@ -15,6 +15,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.precision import matmul_precision, precise
 from jaxrl_llm.models.decode import decode_layer, decode_weights, left_matmul, weights_on_left
 from jaxrl_llm.models.kernels import soft_cap
+from jaxrl_llm.models.skip import skip_columns
 from jaxrl_llm.models.transformer import Decoder, embed, lm_head_weight, rms_norm, rope_cos_sin
 
 
@@ -107,22 +108,22 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     static T larger than the tokens costs the LM head nothing. Returns logp (B,T) [and entropy (B,T)] float32.
     """
     b, t, d = hidden.shape
-    n = -(-t // (chunk or logits_chunk_for(config, b)))
-    chunk = -(-t // n)  # n equal chunks of at most logits_chunk: padding < n, not up to a whole chunk
+    chunk = chunk or logits_chunk_for(config, b)
+    temperature = jnp.asarray(temperature, jnp.float32)
+    w = lm_head_weight(config, params)
+    if active is not None:
+        out = skip_columns(functools.partial(_skippable_chunk, config, with_entropy), (w, temperature), hidden,
+                           targets, (), chunk, active)
+        return out if with_entropy else out[0]
+    n = -(-t // chunk)
+    chunk = -(-t // n)  # n equal chunks of at most `chunk`: padding < n, not up to a whole chunk
     pad = n * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
     h_chunks = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)
     t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
-    temperature = jnp.asarray(temperature, jnp.float32)
-    w = lm_head_weight(config, params)
-    if active is None:
-        one = jax.checkpoint(lambda h, tgt: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature))
-        _, out = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
-    else:
-        starts = jnp.arange(n, dtype=jnp.int32) * chunk
-        out = _skipping_chunks(config, with_entropy, w, h_chunks, t_chunks, temperature, starts,
-                               jnp.asarray(active, jnp.int32))
+    one = jax.checkpoint(lambda h, tgt: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature))
+    _, out = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     return (unchunk(out[0]), unchunk(out[1])) if with_entropy else unchunk(out[0])
 
@@ -138,47 +139,12 @@ def _chunk_logprobs(config: ModelConfig, with_entropy: bool, w, h, tgt, temperat
     return logp, logz - jnp.sum(probs * logits, axis=-1)
 
 
-# The chunks of logprobs_from_hidden with `active`: a chunk starting at or past it is skipped, forward and
-# backward. A custom VJP, not autodiff through lax.cond: cond's partial evaluation makes every branch output
-# the union of the branches' residuals (zeros where a branch has none), so the LM head's (D, V) weight came
-# out of each chunk's cond as a residual and was stacked over the chunks (measured at SmolLM2-135M's shape:
-# a (2, 49152, 576) float32 array written in the update, 226 MB). Here the residuals are the inputs, and
-# the backward recomputes each active chunk (as jax.checkpoint did) and accumulates the weight's gradient.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _skipping_chunks(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active):
-    return _skipping_fwd(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active)[0]
-
-
-def _skipping_fwd(config, with_entropy, w, h_chunks, t_chunks, temperature, starts, active):
-    def body(c, xs):
-        start, h, tgt = xs
-        zeros = lambda: tuple(jnp.zeros(tgt.shape, jnp.float32) for _ in range(1 + with_entropy))
-        return c, jax.lax.cond(start < active, lambda: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature),
-                               zeros)
-    _, out = jax.lax.scan(body, None, (starts, h_chunks, t_chunks))
-    return out, (w, h_chunks, t_chunks, temperature, starts, active)
-
-
-def _skipping_bwd(config, with_entropy, res, cts):
-    w, h_chunks, t_chunks, temperature, starts, active = res
-
-    def body(acc, xs):
-        start, h, tgt, ct = xs
-
-        def run(acc):
-            _, vjp = jax.vjp(lambda w_, h_, temp: _chunk_logprobs(config, with_entropy, w_, h_, tgt, temp),
-                             w, h, temperature)
-            dw, dh, dtemp = vjp(ct)
-            return (acc[0] + dw, acc[1] + dtemp), dh
-        return jax.lax.cond(start < active, run, lambda acc: (acc, jnp.zeros_like(h)), acc)
-
-    with matmul_precision(config):  # traced at transposition, outside logprobs_from_hidden's `precise`
-        (dw, dtemp), dh = jax.lax.scan(body, (jnp.zeros_like(w), jnp.zeros_like(temperature)),
-                                       (starts, h_chunks, t_chunks, tuple(cts)))
-    return dw, dh, None, dtemp, None, None
-
-
-_skipping_chunks.defvjp(_skipping_fwd, _skipping_bwd)
+def _skippable_chunk(config: ModelConfig, with_entropy: bool, shared, h, tgt, fixed) -> tuple:
+    """`_chunk_logprobs` as models/skip.py calls it; its backward is traced at transposition, outside
+    logprobs_from_hidden's `precise`, so the precision is set here."""
+    w, temperature = shared
+    with matmul_precision(config):
+        return _chunk_logprobs(config, with_entropy, w, h, tgt, temperature)
 
 
 @functools.partial(jax.jit, static_argnames="config")

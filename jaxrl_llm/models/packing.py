@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.models.lm import logprobs_from_hidden
+from jaxrl_llm.models.lm import LOGITS_MIN_CHUNK, logprobs_from_hidden
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
 
@@ -253,7 +253,9 @@ def packed_hidden(config: ModelConfig, params, packed, dropout_rng=None):
 
 # Rows of one LM-head chunk over the predictor slots: the chunks past a pass's last predictor are skipped
 # (lm.logprobs_from_hidden `active`), so this is the granularity of that saving; 256 rows keep the head's
-# matmul efficient on a CPU (the (rows, D) x (D, V) product reads the whole head once per chunk).
+# matmul efficient on a CPU (the (rows, D) x (D, V) product reads the whole head once per chunk). With many
+# gathered rows g (a pod's packed rows), a chunk keeps at least LOGITS_MIN_CHUNK columns of each, as the
+# unpacked chunks do.
 PREDICT_CHUNK_ROWS = 256
 
 
@@ -283,7 +285,7 @@ def lm_head_rows(plan, completion_mask, source, valid):
     def back(y):
         flat = y.swapaxes(0, 1).reshape(-1)
         return jnp.where(at < k, jnp.take(flat, jnp.minimum(at, k - 1)), 0.0)
-    head = {"chunk": max(1, PREDICT_CHUNK_ROWS // g), "active": -(-jnp.sum(ext) // g)}
+    head = {"chunk": max(PREDICT_CHUNK_ROWS // g, min(LOGITS_MIN_CHUNK, k // g)), "active": -(-jnp.sum(ext) // g)}
     return take, back, head
 
 

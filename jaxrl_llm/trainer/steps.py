@@ -31,6 +31,7 @@ from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidde
 from jaxrl_llm.models.transformer import lm_head_weight
 from jaxrl_llm.models.packing import (completion_extent, lm_head_rows, pack_layout, packed_hidden, packed_logprobs,
                                       packed_values)
+from jaxrl_llm.models.skip import skip_columns
 from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
 from jaxrl_llm.trainer.state import UpdatePlan
@@ -118,11 +119,11 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
     packing plan both models read the same packed rows (models/packing.py) and the three are unpacked to
     the completion layout: equal on every real completion token, 0 elsewhere (no router sums: validation
     refuses a router loss with packing)."""
-    jsd = lambda h, th: generalized_jsd(h, lm_head_weight(mc, policy), jax.lax.stop_gradient(th),
-                                        lm_head_weight(tmc, teacher), beta=objective.distill_beta,
-                                        temperature=temperature, chunk=objective.distill_chunk,
-                                        dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype),
-                                        vocab=shared_vocab(mc, tmc))
+    jsd_with = functools.partial(generalized_jsd, beta=objective.distill_beta, chunk=objective.distill_chunk,
+                                 dtype=jnp.dtype(mc.dtype), teacher_dtype=jnp.dtype(tmc.dtype),
+                                 vocab=shared_vocab(mc, tmc))
+    jsd = lambda h, th: jsd_with(h, lm_head_weight(mc, policy), jax.lax.stop_gradient(th),
+                                 lm_head_weight(tmc, teacher), temperature=temperature)
     if pack is not None:
         packed, source, valid = pack_layout(b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b), pack,
                                             pack_length, prompt_routes=b.get("prompt_routes"), routes=b.get("routes"))
@@ -132,7 +133,13 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
         take, back, head = lm_head_rows(pack, attended(b), source, valid)  # [the slots that predict a token only]
         hidden, targets, teacher_hidden = take(hidden), take(targets), take(packed_hidden(tmc, teacher, packed))
         logp, ent = logprobs_from_hidden(mc, policy, hidden, targets, temperature, with_entropy=True, **head)
-        return tuple(back(x) for x in (logp, ent, jsd(hidden, teacher_hidden)))
+        if head:  # the divergence skips the chunks past the last predictor too
+            div = skip_columns(lambda w, h, th, fixed: jsd_with(h, w, th, fixed[0], temperature=fixed[1]),
+                               lm_head_weight(mc, policy), hidden, teacher_hidden,
+                               (lm_head_weight(tmc, teacher), jnp.asarray(temperature, jnp.float32)), **head)
+        else:
+            div = jsd(hidden, teacher_hidden)
+        return tuple(back(x) for x in (logp, ent, div))
     hidden = completion_hidden(mc, policy, b["prompt_tokens"], b["prompt_mask"], b["tokens"], attended(b),
                                dropout_rng, prompt_routes=_layers_first(b.get("prompt_routes")),
                                routes=_layers_first(b.get("routes")), router_stats=router_stats)

@@ -51,9 +51,9 @@ def grpo_runs(sizes, common: list[str], pack_length: int) -> dict:
     heavy-tailed ones, the latter packed as a user of such lengths would run them (train.pack_length)."""
     runs = {}
     for size in sizes:
-        common = [*common, "--sequential"] if size == "1.5B" else common  # both sides at once overfill the card
-        runs[f"{size} uniform"] = ["--size", size, *common]
-        runs[f"{size} heavy-tailed"] = ["--size", size, *common, "--heavy-tailed", "--pack-length", str(pack_length)]
+        args = [*common, "--sequential"] if size == "1.5B" else common  # both sides at once overfill the card
+        runs[f"{size} uniform"] = ["--size", size, *args]
+        runs[f"{size} heavy-tailed"] = ["--size", size, *args, "--heavy-tailed", "--pack-length", str(pack_length)]
     return runs
 
 
@@ -85,10 +85,7 @@ def run_stage_here(name: str, plan: str, budget: float, result: str, sampler_siz
     p = dict(PLANS[plan])
     if sampler_sizes:
         p["sampler_sizes"] = tuple(sampler_sizes.split(","))
-    if grpo_runs:
-        unknown = sorted(set(grpo_runs.split(",")) - set(p["grpo"]))
-        if unknown:
-            raise ValueError(f"--grpo-runs: unknown {unknown}; expected some of {', '.join(p['grpo'])}")
+    if grpo_runs:  # checked by parse_args
         p["grpo"] = {k: p["grpo"][k] for k in grpo_runs.split(",")}
     t0 = time.perf_counter()
 
@@ -191,6 +188,10 @@ def parse_args(argv=None):
         ap.error(f"--stages: unknown {unknown}; expected some of {', '.join(STAGES)}")
     if args.budget <= 0:
         ap.error(f"--budget must be > 0 seconds, got {args.budget}")
+    runs = PLANS[args.plan if args.stage else "dry" if args.dry_run else "full"]["grpo"]
+    unknown = sorted(set(filter(None, args.grpo_runs.split(","))) - set(runs))
+    if unknown:
+        ap.error(f"--grpo-runs: unknown {unknown}; expected some of {', '.join(runs)}")
     return args
 
 

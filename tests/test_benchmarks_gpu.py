@@ -73,6 +73,11 @@ def test_bad_arguments_are_one_line_errors():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--stages", "env,gpu"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "--stages: unknown ['gpu']" in proc.stderr
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--grpo-runs", "0.5B even"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "--grpo-runs: unknown ['0.5B even']; expected some of 0.5B uniform" in proc.stderr
+    assert gpu_suite.PLANS["full"]["grpo"]["0.5B uniform"].count("--sequential") == 0  # only 1.5B runs one side at a time
+    assert gpu_suite.PLANS["full"]["grpo"]["1.5B heavy-tailed"].count("--sequential") == 1
 
 
 def test_saved_runs_merge_into_one_report():

@@ -32,8 +32,9 @@ def test_dry_run_passes_every_stage_and_writes_its_results(tmp_path):
     assert toy["full length"]["lengths_ours"]["min"] == toy["new"]  # every row ran to the cap
     assert toy["heavy-tailed"]["lengths_ours"]["median"] < toy["new"]  # the stop set ends rows early
     assert all(r["tflops"] > 0 for r in s["update"]["runs"])
-    grpo = s["grpo"]["runs"]  # uniform and heavy-tailed (packed), both frameworks timed in each
-    assert set(grpo) == {"toy uniform", "toy heavy-tailed"} and all(len(r["timings"]) == 2 for r in grpo.values())
+    grpo = s["grpo"]["runs"]  # heavy-tailed and packed, both frameworks timed (the full plan: test below)
+    assert set(grpo) == {"toy heavy-tailed"} and len(grpo["toy heavy-tailed"]["timings"]) == 2
+    assert "--pack-length" in grpo["toy heavy-tailed"]["args"]
     assert s["memory"]["plan_cpu"]["peak"] > s["memory"]["plan_cpu"]["params"] > 0
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- gpu-suite-results:begin -->" in text
@@ -76,6 +77,7 @@ def test_bad_arguments_are_one_line_errors():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--grpo-runs", "0.5B even"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "--grpo-runs: unknown ['0.5B even']; expected some of 0.5B uniform" in proc.stderr
+    assert set(gpu_suite.PLANS["full"]["grpo"]) == {f"{s} {k}" for s in ("0.5B", "1.5B") for k in ("uniform", "heavy-tailed")}
     assert gpu_suite.PLANS["full"]["grpo"]["0.5B uniform"].count("--sequential") == 0  # only 1.5B runs one side at a time
     assert gpu_suite.PLANS["full"]["grpo"]["1.5B heavy-tailed"].count("--sequential") == 1
 

@@ -15,7 +15,7 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.precision import matmul_precision, precise
 from jaxrl_llm.models.decode import decode_layer, decode_weights, left_matmul, weights_on_left
 from jaxrl_llm.models.kernels import soft_cap
-from jaxrl_llm.models.skip import skip_columns
+from jaxrl_llm.models.skip import column_chunks, skip_columns
 from jaxrl_llm.models.transformer import Decoder, embed, lm_head_weight, rms_norm, rope_cos_sin
 
 
@@ -107,25 +107,18 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     read; a chunk wholly at or past it is skipped at run time (its outputs 0, forward and backward), so a
     static T larger than the tokens costs the LM head nothing. Returns logp (B,T) [and entropy (B,T)] float32.
     """
-    b, t, d = hidden.shape
-    chunk = chunk or logits_chunk_for(config, b)
+    chunk = chunk or logits_chunk_for(config, hidden.shape[0])
     temperature = jnp.asarray(temperature, jnp.float32)
     w = lm_head_weight(config, params)
     if active is not None:
         out = skip_columns(functools.partial(_skippable_chunk, config, with_entropy), (w, temperature), hidden,
                            targets, (), chunk, active)
-        return out if with_entropy else out[0]
-    n = -(-t // chunk)
-    chunk = -(-t // n)  # n equal chunks of at most `chunk`: padding < n, not up to a whole chunk
-    pad = n * chunk - t
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    h_chunks = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)
-    t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
-    one = jax.checkpoint(lambda h, tgt: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature))
-    _, out = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (h_chunks, t_chunks))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-    return (unchunk(out[0]), unchunk(out[1])) if with_entropy else unchunk(out[0])
+    else:
+        split, merge, _ = column_chunks(hidden.shape[1], chunk)
+        one = jax.checkpoint(lambda h, tgt: _chunk_logprobs(config, with_entropy, w, h, tgt, temperature))
+        _, out = jax.lax.scan(lambda c, xs: (c, one(*xs)), None, (split(hidden), split(targets)))
+        out = tuple(merge(x) for x in out)
+    return out if with_entropy else out[0]
 
 
 def _chunk_logprobs(config: ModelConfig, with_entropy: bool, w, h, tgt, temperature) -> tuple:

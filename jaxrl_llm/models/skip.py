@@ -65,17 +65,27 @@ def _skip_bwd(f, res, cts):
 _skip.defvjp(_skip_fwd, _skip_bwd)
 
 
-def skip_columns(f, shared, x, fixed_x, fixed, chunk: int, active):
-    """`skip_chunks` over equal chunks of at most `chunk` columns of (B,T,...) arrays: x and fixed_x are
-    pytrees of (B,T,...) arrays, f maps a (B,c,...) chunk of each to a pytree of (B,c) arrays, and the
-    result is that pytree at (B,T): columns of a chunk starting at or past `active` are 0."""
-    b, t = jax.tree_util.tree_leaves(x)[0].shape[:2]
+def column_chunks(t: int, chunk: int):
+    """(split, merge, starts) for T columns in n equal chunks of at most `chunk` (padding < n columns, not up
+    to a whole chunk): split (B,T,...) -> (n,B,c,...), merge (n,B,c) -> (B,T), starts (n,) int32 the first
+    column of each chunk."""
     n = -(-t // max(1, min(chunk, t)))
-    c = -(-t // n)  # n equal chunks: padding < n columns
+    c = -(-t // n)
 
-    def split(a):  # (B,T,...) -> (n,B,c,...)
+    def split(a):
         a = jnp.pad(a, [(0, 0), (0, n * c - t)] + [(0, 0)] * (a.ndim - 2))
-        return a.reshape(b, n, c, *a.shape[2:]).swapaxes(0, 1)
+        return a.reshape(a.shape[0], n, c, *a.shape[2:]).swapaxes(0, 1)
+
+    def merge(y):
+        return y.swapaxes(0, 1).reshape(y.shape[1], n * c)[:, :t]
+    return split, merge, jnp.arange(n, dtype=jnp.int32) * c
+
+
+def skip_columns(f, shared, x, fixed_x, fixed, chunk: int, active):
+    """`skip_chunks` over `column_chunks` of (B,T,...) arrays: x and fixed_x are pytrees of (B,T,...) arrays,
+    f maps a (B,c,...) chunk of each to a pytree of (B,c) arrays, and the result is that pytree at (B,T):
+    columns of a chunk starting at or past `active` are 0."""
+    split, merge, starts = column_chunks(jax.tree_util.tree_leaves(x)[0].shape[1], chunk)
     ys = skip_chunks(f, shared, jax.tree_util.tree_map(split, x), jax.tree_util.tree_map(split, fixed_x), fixed,
-                     jnp.arange(n, dtype=jnp.int32) * c, active)
-    return jax.tree_util.tree_map(lambda y: y.swapaxes(0, 1).reshape(b, n * c)[:, :t], ys)
+                     starts, active)
+    return jax.tree_util.tree_map(merge, ys)

@@ -68,7 +68,7 @@ class Packer:
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
         self.lengths_fn = jax.jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
         self.lengths = self.prompt_lengths = None
-        self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the (R, K) each pass has run
+        self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the R each pass has run
         self.efficiency: list[float] = []
 
     def _plan(self, kind: str, prompt_groups: np.ndarray) -> dict:

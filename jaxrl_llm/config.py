@@ -88,6 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.min_p = 0.0  # keep tokens with probability >= min_p x the most likely one's (after top-p); 0 = off
     c.rollout.repetition_penalty = 1.0  # logits of tokens in prompt+completion: /p if > 0, *p if < 0; 1 = off
     c.rollout.decode_slots = 0  # rows decoded at once, a finished row's slot taking the next (0 = all; docs/sampling.md)
+    # k >= 2: the static batch's decode goes on over rows/k rows once at most that many are still decoding,
+    # then rows/k^2 ... (0 = off): faster decode steps with heavy-tailed lengths, one more compile per phase
+    c.rollout.decode_shrink = 0
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
     c.rollout.max_staleness = 0  # k: step i's batch is sampled by the policy after update i-k (0 = synchronous); docs/algorithms/async.md

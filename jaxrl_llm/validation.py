@@ -131,6 +131,13 @@ def _validate_model_and_data(c) -> None:
     if c.rollout.decode_slots % shards:
         _fail(r + "decode_slots", f"a multiple of mesh.data x mesh.fsdp = {shards} (the slots are sharded)",
               c.rollout.decode_slots)
+    _check(c, r + "decode_shrink", lambda v: _is_int(v) and (v == 0 or v >= 2), "0 (off) or an int >= 2")
+    if c.rollout.decode_shrink and c.rollout.decode_slots:
+        _fail(r + "decode_shrink", "0 with rollout.decode_slots > 0 (it shrinks the static batch; the slots "
+              "already hold only rows still decoding)", c.rollout.decode_shrink)
+    if c.rollout.decode_shrink and c.env.name:
+        _fail(r + "decode_shrink", "0 with env.name set (episodes decode turn by turn, sampling/turns.py)",
+              c.rollout.decode_shrink)
 
 
 def _validate_objective(c) -> None:

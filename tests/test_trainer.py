@@ -103,6 +103,19 @@ def test_one_step_with_continuous_batching(tmp_path):
     assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
 
 
+def test_one_step_with_a_shrinking_decode(tmp_path, monkeypatch):
+    """rollout.decode_shrink: the rollout's static sampler gets its phases (8 rows -> 4 -> 2 with k = 2); the
+    trainer recomputes its log-probs exactly."""
+    import jaxrl_llm.trainer.rollout as rollout
+    seen = []
+    real = rollout.generate
+    monkeypatch.setattr(rollout, "generate", lambda *a, **k: seen.append(k["decode_shrink"]) or real(*a, **k))
+    c = small_config(total_steps=1, **{"rollout.decode_shrink": 2, "rollout.max_new_tokens": 6})
+    m = Trainer(c, str(tmp_path)).run()[0]
+    assert seen == [2]
+    assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
+
+
 @pytest.mark.slow
 def test_reward_rises_on_easy_task(tmp_path):
     """Level 1 only (max of two digits): GRPO lifts the reward well above the random policy's (~0.004).
@@ -194,6 +207,10 @@ BAD_CONFIGS = [
     ({"rollout.decode_slots": 9}, r"config.rollout.decode_slots must be an int in \[0, batch_prompts x group_size = 8\]"),
     ({"rollout.decode_slots": 3, "mesh.data": 2, "mesh.fsdp": 1},
      "config.rollout.decode_slots must be a multiple of mesh.data x mesh.fsdp = 2"),
+    ({"rollout.decode_shrink": 1}, r"config.rollout.decode_shrink must be 0 \(off\) or an int >= 2, got 1"),
+    ({"rollout.decode_shrink": 2, "rollout.decode_slots": 4},
+     r"config.rollout.decode_shrink must be 0 with rollout.decode_slots > 0"),
+    ({"rollout.decode_shrink": 2, "env.name": "guess_digit"}, r"config.rollout.decode_shrink must be 0 with env.name set"),
     ({"train.minibatches": 3}, "config.train.minibatches must be a divisor of rollout.batch_prompts=4"),
     ({"loss.aggregate": "mean"}, "config.loss.aggregate must be one of token-mean"),
     ({"loss.dual_clip": 0.5}, "config.loss.dual_clip must be 0 .off. or a number > 1"),

@@ -197,7 +197,8 @@ class Evaluator:
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                          repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         decode_slots=min(c.rollout.decode_slots, self.batch * k))  # a smaller batch: all its rows
+                         decode_slots=min(c.rollout.decode_slots, self.batch * k),  # a smaller batch: all its rows
+                         decode_shrink=c.rollout.decode_shrink)
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)

@@ -253,11 +253,12 @@ def decode_layer_weights(config: ModelConfig, params):
     return tuple(jax.tree_util.tree_map(lambda a, l=l: a[l], weights) for l in range(config.num_layers))
 
 
-def decode_prefix_rows(config: ModelConfig, prefix, prompts: jax.Array):
-    """`decode_prepare`'s prefix of the prompts `prompts` (S,) int: the same structure with B -> S (a copy).
-    The continuous-batching sampler's decode slots each attend to the prefix of their own prompt."""
-    axis = 0 if decode_unrolled(config) else 1  # per-layer arrays, or the stacked (L, B, ...) ones
-    return jax.tree_util.tree_map(lambda a: jnp.take(a, prompts, axis=axis), prefix)
+def decode_rows(config: ModelConfig, tree, rows: jax.Array):
+    """Rows `rows` (S,) int of a decode prefix (`decode_prepare`'s, B -> S) or cache (`init_cache`'s, N -> S):
+    the same structure, a copy. The continuous-batching sampler's slots each attend to the prefix of their
+    own prompt; the static sampler's shrunk phases keep the rows still decoding (sampling/batch.py)."""
+    axis = 0 if decode_unrolled(config) else 1  # per-layer arrays, or the stacked (L, rows, ...) ones
+    return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=axis), tree)
 
 
 def init_cache(config: ModelConfig, rows: int, slots: int):
@@ -289,7 +290,7 @@ def init_cache(config: ModelConfig, rows: int, slots: int):
 def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, cache_index, prefix, prefix_mask,
                 return_routes: bool = False):
     """One decoding step for all N rows. tokens, positions (N,) int; weights, prefix from `decode_prepare`
-    (or `decode_prefix_rows`); cache from `init_cache` (or a previous step); cache_index the slot t: a
+    (or `decode_rows`); cache from `init_cache` (or a previous step); cache_index the slot t: a
     scalar, or (N,) one per row (rows at different steps); prefix_mask (B,P) bool.
 
     Returns (hidden (N,D) after the final norm, updated cache) [, MoE with return_routes: the experts

@@ -2,7 +2,7 @@
 
 Two jit-compiled programs behind one entry point, `generate`:
   * `batch.generate_program` (decode_slots = 0, the default): all N = B*G rows decode together until the
-    last one ends;
+    last one ends (with `decode_shrink`, on fewer rows once most have ended);
   * `slots.slots_program` (decode_slots = S): continuous batching, S rows in flight, a finished row's
     slot taking the next pending row -- for heavy-tailed completion lengths (docs/sampling.md).
 Drawing one token per row: `draw` (one uniform per row inverts the CDF; greedy is an argmax).
@@ -21,23 +21,26 @@ lengths compile only a handful of shapes.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.sampling.batch import Rollout, generate_program
+from jaxrl_llm.sampling.batch import Rollout, generate_program, shrink_phases
 from jaxrl_llm.sampling.draw import (argmax, categorical, check_penalties, draw_tokens, mark, penalize, row_uniforms,
                                      seen_tokens)
 from jaxrl_llm.sampling.slots import slots_program
+from jaxrl_llm.sharding import BATCH_AXES
 
-__all__ = ["Rollout", "generate", "generate_program", "slots_program", "argmax", "categorical", "draw_tokens",
-           "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
+__all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "argmax", "categorical",
+           "draw_tokens", "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
 
 
 def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids,
-           pad_id, decode_slots):
+           pad_id, decode_slots, decode_shrink=0):
     """One-line ValueErrors before anything is compiled."""
     if prompts.ndim != 2:
         raise ValueError(f"prompts must be (B, P), got shape {prompts.shape}")
@@ -67,6 +70,11 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
     rows = prompts.shape[0] * num_samples
     if not isinstance(decode_slots, (int, np.integer)) or not 0 <= decode_slots <= rows:
         raise ValueError(f"decode_slots must be an int in [0, {rows}] (the number of rows), got {decode_slots!r}")
+    if not isinstance(decode_shrink, (int, np.integer)) or decode_shrink < 0 or decode_shrink == 1:
+        raise ValueError(f"decode_shrink must be 0 (off) or an int >= 2, got {decode_shrink!r}")
+    if decode_shrink and decode_slots:
+        raise ValueError("decode_shrink shrinks the static batch (decode_slots = 0); with decode_slots > 0 the "
+                         "slots already hold only rows still decoding")
     total = prompts.shape[1] + max_new_tokens
     if total > config.max_position_embeddings:
         raise ValueError(f"prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "
@@ -76,7 +84,7 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
 def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_tokens: int, num_samples: int = 1,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int],
              pad_id: int, decode_slots: int = 0, repetition_penalty: float = 1.0, min_p: float = 0.0,
-             row_block: tuple[int, int] | None = None) -> Rollout:
+             row_block: tuple[int, int] | None = None, decode_shrink: int = 0) -> Rollout:
     """Samples `num_samples` completions for each left-padded prompt (see the module docstring).
 
     prompts, prompt_mask (B,P) int; rng a PRNG key. Same key -> same rollout; rows of a group differ.
@@ -89,13 +97,22 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
     row_block (offset, total), static: these N rows are rows offset..offset+N-1 of a batch of `total` rows,
     and draw the random numbers those rows draw in it (a host sampling its block of the global batch
     alone; None: the rows are the whole batch).
+    decode_shrink k >= 2 (0 = off; the static batch only): once at most N/k rows are still decoding, the
+    decode goes on over N/k rows, then N/k^2, ... (`batch.shrink_phases`); the same draws, each phase one
+    more compiled decode step.
     """
     prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
     eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
     _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids, pad_id,
-           decode_slots)
+           decode_slots, decode_shrink)
     check_penalties(repetition_penalty, min_p)
-    program = (functools.partial(slots_program, slots=int(decode_slots)) if decode_slots else generate_program)
+    if decode_slots:
+        program = functools.partial(slots_program, slots=int(decode_slots))
+    else:  # the phases' rows stay a multiple of the batch shards of the mesh in context (sharding.use_mesh)
+        mesh = jax.sharding.get_abstract_mesh()
+        multiple = 1 if mesh.empty else math.prod(mesh.shape.get(a, 1) for a in BATCH_AXES)
+        phases = shrink_phases(prompts.shape[0] * num_samples, int(decode_shrink), multiple)
+        program = functools.partial(generate_program, phases=phases)
     return program(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,
                    jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
                    jnp.float32(min_p), max_new_tokens=int(max_new_tokens), num_samples=int(num_samples),

@@ -11,9 +11,16 @@ One XLA program per (B, P, T, G) and sampling mode:
   3. a `lax.while_loop` decodes one token per step for all N rows into per-layer caches (keys
      (N,Hkv,hd,T), values (N,Hkv,T,hd)) that the loop carries and XLA updates in place, and exits as
      soon as every row has emitted an EOS
-     (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token).
+     (`models.lm.decode_step`: layer weights fused and sliced once per call, not once per token);
+     with `phases` (m1 > m2 > ...; `shrink_phases`), the loop also exits once at most m1 rows are still
+     decoding, and the decode goes on over m1 rows -- the alive ones, their caches gathered, each with a
+     copy of its prompt's prefix -- and so on: on a CPU a decode step's cost grows with its rows (at
+     SmolLM2-135M's shape 55 ms at 16 rows, 37 ms at 4), and with heavy-tailed lengths most steps have few
+     rows left.
 Token t of all rows is drawn from one key, fold_in(rng, t): N uniforms, row n taking the n-th (with
-`row_block` (offset, total), the rows' block of the `total` uniforms the whole batch draws).
+`row_block` (offset, total), the rows' block of the `total` uniforms the whole batch draws), in every
+phase: the phases change which rows a step computes, not the draws (the tokens are the same up to float
+rounding of differently shaped matrix products).
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_step, init_cache, prefill
+from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_rows, decode_step, init_cache, prefill
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
 
 
@@ -57,11 +64,27 @@ class Rollout:
 
 
 
+def shrink_phases(rows: int, shrink: int, multiple: int = 1) -> tuple[int, ...]:
+    """The row counts the static decode shrinks to (`generate(decode_shrink=k)`): rows/k, rows/k^2, ...,
+    each rounded up to a multiple of `multiple` (the mesh's batch shards), while it is below the last and
+    at least k rows (under k rows a decode step reads the same weights for nearly no work, and each phase
+    is one more compiled decode step). shrink 0: () (off)."""
+    phases, m = [], rows
+    while shrink >= 2:
+        m = -(-m // shrink)
+        m = -(-m // multiple) * multiple
+        if m < shrink or m >= (phases[-1] if phases else rows):
+            break
+        phases.append(m)
+    return tuple(phases)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
+                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block",
+                                             "phases"))
 def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                      max_new_tokens, num_samples, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
-                     use_min_p=False, row_block=None):
+                     use_min_p=False, row_block=None, phases=()):
     b, _ = prompts.shape
     g, t_max = num_samples, max_new_tokens
     n = b * g
@@ -69,12 +92,15 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     warps = dict(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, nucleus=nucleus, penalty=penalty,
                  min_p=min_p if use_min_p else None)
 
-    def draw(key, logits, seen):
-        if row_block is None:  # categorical draws (n,) uniforms from `key`
+    def draw(key, logits, seen, rows=None):
+        """Token, log-prob and behaviour log-prob of each row; `rows` (M,): the rows of `logits`, which draw
+        the uniforms these rows draw in the whole batch (None: all n rows, in order)."""
+        if row_block is None and rows is None:  # categorical draws (n,) uniforms from `key`
             return draw_tokens(key, logits, seen=seen, **warps)
-        offset, total = row_block  # the same uniforms as the whole batch's, this block of them
+        offset, total = row_block or (0, n)  # the same uniforms as the whole batch's, this block of them
         uniform = jax.lax.dynamic_slice_in_dim(jax.random.uniform(key, (total,), jnp.float32), offset, n)
-        return draw_tokens(key, logits, seen=seen, uniform=uniform, **warps)
+        return draw_tokens(key, logits, seen=seen, uniform=uniform if rows is None else jnp.take(uniform, rows),
+                           **warps)
     # The repetition penalty's set per row: its prompt's tokens, then each token it draws (None: off).
     seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
     eos = jnp.asarray(eos_ids, jnp.int32)
@@ -101,33 +127,68 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     cache = init_cache(config, n, t_max)
     routes = jnp.zeros((config.num_layers, n, t_max, config.num_experts_per_tok), jnp.int32) if moe else None
 
-    def cond(state):
-        t, _, _, _, done, _, _, _, _ = state
-        return (t < t_max - 1) & ~jnp.all(done)
+    def decode(state, until, kept=None):
+        """Decode steps while a row is alive, until at most `until` are. kept None: all n rows in order
+        (their prompts' shared prefix, in-place column writes); else the (M,) rows `kept` (each with a copy
+        of its prompt's prefix; writes scattered to its row), state over those M rows."""
+        prompt = None if kept is None else kept // g
+        pre = prefix if kept is None else decode_rows(config, prefix, prompt)
+        pre_mask = prefix_mask if kept is None else jnp.take(prefix_mask, prompt, axis=0)
+        at = start if kept is None else jnp.take(start, kept)
+        m = n if kept is None else kept.shape[0]
 
-    def body(state):
+        def body(state):
+            t, tokens, logprobs, mask, done, cache, token, seen, routes = state
+            with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
+                hidden, cache, *experts = decode_step(config, params, weights, token, at + t, cache, t, pre,
+                                                      pre_mask, return_routes=moe)
+            with jax.named_scope("lm_head"):
+                logits = decode_logits(config, params, hidden)
+            with jax.named_scope("draw"):
+                key = jax.random.fold_in(rng, t + 1)
+                new, logp, blogp = (draw(key, logits, seen=seen) if kept is None else  # kept rows: their uniforms
+                                    draw(key, logits, seen=seen, rows=kept))
+            alive = ~done
+            new = jnp.where(alive, new, pad_id)
+            both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (M,2): one update for the pair
+            if kept is None:
+                if moe:  # the experts of token t (L,N,k) -> routes[:, :, t]
+                    routes = jax.lax.dynamic_update_slice(routes, experts[0][:, :, None], (0, 0, t, 0))
+                tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
+                logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
+                mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
+            else:
+                if moe:
+                    routes = routes.at[:, kept, t].set(experts[0])
+                tokens = tokens.at[kept, t + 1].set(new)
+                logprobs = logprobs.at[kept, :, t + 1].set(both)
+                mask = mask.at[kept, t + 1].set(alive.astype(jnp.int32))
+            done = done | jnp.isin(new, eos)
+            seen = None if seen is None else mark(seen, jnp.arange(m), new)
+            return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
+
+        def cond(state):
+            t, done = state[0], state[4]
+            return (t < t_max - 1) & (jnp.sum(~done) > until)
+
+        return jax.lax.while_loop(cond, body, state)
+
+    # All n rows decode together; with `phases`, once at most phases[0] rows are alive the decode goes on
+    # over phases[0] rows (the alive ones first, their caches gathered), and so on: a decode step's cost
+    # grows with its rows (on a CPU nearly in proportion), and with heavy-tailed lengths most steps have
+    # few rows left. Every row draws the uniforms it draws in the full batch: the same tokens.
+    state = decode((jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), (phases or (0,))[0])
+    kept = None
+    for i, m in enumerate(phases):
         t, tokens, logprobs, mask, done, cache, token, seen, routes = state
-        with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
-            hidden, cache, *experts = decode_step(config, params, weights, token, start + t, cache, t, prefix,
-                                                  prefix_mask, return_routes=moe)
-        if moe:  # the experts of token t (L,N,k) -> routes[:, :, t]
-            routes = jax.lax.dynamic_update_slice(routes, experts[0][:, :, None], (0, 0, t, 0))
-        with jax.named_scope("lm_head"):
-            logits = decode_logits(config, params, hidden)
-        with jax.named_scope("draw"):
-            new, logp, blogp = draw(jax.random.fold_in(rng, t + 1), logits, seen=seen)
-        alive = ~done
-        new = jnp.where(alive, new, pad_id)
-        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
-        both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (N,2): one update for the pair
-        logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
-        mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
-        done = done | jnp.isin(new, eos)
-        seen = None if seen is None else mark(seen, rows, new)
-        return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
-
-    state = (jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes)
-    _, tokens, logprobs, mask, done, _, _, _, routes = jax.lax.while_loop(cond, body, state)
+        sel = jnp.argsort(done, stable=True)[:m]  # the alive rows first (at most m: the loop ran until then)
+        kept = sel if kept is None else jnp.take(kept, sel)
+        state = (t, tokens, logprobs, mask, jnp.take(done, sel), decode_rows(config, cache, sel), jnp.take(token, sel),
+                 None if seen is None else jnp.take(seen, sel, axis=0), routes)
+        state = decode(state, phases[i + 1] if i + 1 < len(phases) else 0, kept)
+    _, tokens, logprobs, mask, _, _, _, _, routes = state
+    # Ended: an EOS among its tokens (a loop that stops at T may leave more alive rows than a phase keeps).
+    done = jnp.any(jnp.isin(tokens, eos) & (mask == 1), axis=-1)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1),
                    truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),

@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models.lm import (decode_logits, decode_prefix_rows, decode_prepare, decode_step, init_cache,
+from jaxrl_llm.models.lm import (decode_logits, decode_prepare, decode_rows, decode_step, init_cache,
                                  prefill)
 from jaxrl_llm.sampling.batch import Rollout
 from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
@@ -79,7 +79,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     weights, prefix = decode_prepare(config, params, prefix_kv)
     slot_row = take_queue(jnp.arange(s))
     state = (slot_row, jnp.zeros((s,), jnp.int32), jnp.take(first, jnp.minimum(slot_row, n - 1)), jnp.int32(s),
-             decode_prefix_rows(config, prefix, prompt_of(slot_row)), init_cache(config, s, t_max),
+             decode_rows(config, prefix, prompt_of(slot_row)), init_cache(config, s, t_max),
              tokens, logprobs, mask, seen, routes)
 
     def body(state):
@@ -107,7 +107,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         row = jnp.where(finished, fresh, row)
         token = jnp.where(finished, jnp.take(first, jnp.minimum(fresh, n - 1)), new)
         t = jnp.where(finished, 0, jnp.where(active, t + 1, t))
-        slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_prefix_rows(config, prefix, prompt_of(row)),
+        slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_rows(config, prefix, prompt_of(row)),
                                    lambda p: p, slot_prefix)
         return row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, mask, seen, routes
 

@@ -73,7 +73,8 @@ class Rollouts:
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                          repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
-                         decode_slots=c.rollout.decode_slots, row_block=self._row_block(len(tokens)))
+                         decode_slots=c.rollout.decode_slots, decode_shrink=c.rollout.decode_shrink,
+                         row_block=self._row_block(len(tokens)))
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"tokens": dist.to_local(r.tokens), "mask": dist.to_local(r.mask),
                  "sampler_logp": dist.to_local(r.logprobs), "behavior_logp": dist.to_local(r.behavior_logprobs),

@@ -26,7 +26,8 @@ checkpointing. TRL: `use_vllm=False`, transformers `generate`; torch with OMP_WA
 Heavy-tailed lengths (`--heavy-tailed`): a row ends at the first of a set of stop ids (generation_config's
 `eos_token_id` list, read by both TRL and jaxrl_llm) calibrated so that lengths are geometric with median
 `--median` x T, cut at T. Both sides draw from the same distribution; the lengths of both are reported.
-`--decode-slots` sets our `rollout.decode_slots`, `--pack-length` our `train.pack_length`.
+`--decode-slots` sets our `rollout.decode_slots`, `--decode-shrink` our `rollout.decode_shrink`, `--pack-length` our
+`train.pack_length`.
 
 Timing. Iterations alternate (ours, TRL, ours, TRL, ...), so the load of a shared machine hits them alike;
 the first `--warmup` iterations (compilation, torch's lazy init) are reported separately, then the median
@@ -66,6 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--heavy-tailed", action="store_true", help="heavy-tailed completion lengths (see above)")
     p.add_argument("--median", type=float, default=0.2, help="--heavy-tailed: median length / --new-tokens")
     p.add_argument("--decode-slots", type=int, default=0, help="our rollout.decode_slots (0 = all rows)")
+    p.add_argument("--decode-shrink", type=int, default=0, help="our rollout.decode_shrink (0 = off)")
     p.add_argument("--pack-length", type=int, default=0,
                    help="our train.pack_length (0 = unpacked; at least --prompt-len + --new-tokens)")
     p.add_argument("--warmup", type=int, default=2, help="iterations not timed (compilation, warm-up)")
@@ -101,7 +103,7 @@ def start_workers(args, ws: str, steps: int, log) -> tuple[dict, dict]:
     workers, unavailable = {}, {}
     if "ours" in frameworks:
         workers["jaxrl_llm"] = peers.Worker(sys.executable, "ours", dict(
-            shared, decode_slots=args.decode_slots, pack_length=args.pack_length,
+            shared, decode_slots=args.decode_slots, decode_shrink=args.decode_shrink, pack_length=args.pack_length,
             stages=args.repeats if args.stages else 0), keep_path=True)
     if "trl" in frameworks:
         python = args.trl_python or peers.ensure_venv("trl", log)
@@ -129,7 +131,8 @@ def describe(args, config, flops, flops_unshared, peak, stop, loads) -> str:
     tail = (f" (heavy-tailed: {len(stop)} stop ids, median {args.median * T:.0f}; FLOPs and roofline count every "
             f"row at full length)" if stop else "")
     return (f"Model {args.size} ({config.num_params() / 1e6:.2f}M parameters), {B} prompts x G={G}, {P} prompt + "
-            f"{T} new tokens{tail}, rollout.decode_slots={args.decode_slots}, train.pack_length={args.pack_length}; "
+            f"{T} new tokens{tail}, rollout.decode_slots={args.decode_slots}, rollout.decode_shrink="
+            f"{args.decode_shrink}, train.pack_length={args.pack_length}; "
             f"{'one framework after the other' if args.sequential else 'alternating'}, load average "
             f"{' / '.join(f'{x:.2f}' for x in loads)} before / after the timed iterations. Matmul peak "
             f"{peak / 1e9:.0f} GFLOP/s; iteration {flops['total'] / 1e9:.2f} GFLOP (generation "

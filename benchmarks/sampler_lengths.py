@@ -1,5 +1,6 @@
 """The sampler on heavy-tailed completion lengths: useful tokens per second (the tokens up to and including
-each row's stop token) of continuous batching (`decode_slots` = S) against the static batch (decode_slots
+each row's stop token) of continuous batching (`decode_slots` = S) and of the shrinking static batch
+(`decode_shrink` = k: N/k rows once at most that many are left) against the static batch (decode_slots
 = 0: every row decoded until the longest is done) and against transformers `generate` (PyTorch CPU),
 same weights, same prompts, same stop tokens, side by side.
 
@@ -57,11 +58,11 @@ def run(args, log=print) -> dict:
         f"tokens; {len(stop)} stop ids for a median of {args.median * t:.0f} tokens")
     lengths: dict[str, list] = {}
 
-    def ours(slots):
+    def ours(name, slots=0, shrink=0):
         def call(i):
             r = generate(config, params, prompts, mask, jax.random.PRNGKey(i), max_new_tokens=t, num_samples=g,
-                         temperature=1.0, eos_ids=stop, pad_id=0, decode_slots=slots)
-            lengths.setdefault(f"ours S={slots}" if slots else "ours static", {})[i] = r.lengths
+                         temperature=1.0, eos_ids=stop, pad_id=0, decode_slots=slots, decode_shrink=shrink)
+            lengths.setdefault(name, {})[i] = r.lengths
             return r.tokens
         return call
 
@@ -76,14 +77,16 @@ def run(args, log=print) -> dict:
         lengths.setdefault("transformers", {})[i] = completion_lengths(out[:, p:].numpy(), stop, t)
         return out
 
-    fns = {"ours static": ours(0), **{f"ours S={s}": ours(s) for s in args.slots},
+    variants = {"ours static": {}, **{f"ours shrink {k}": dict(shrink=k) for k in args.shrink},
+                **{f"ours S={s}": dict(slots=s) for s in args.slots}}
+    fns = {**{name: ours(name, **kw) for name, kw in variants.items()},
            **{f"hf{k}": hf_with_threads(k, theirs) for k in args.threads}}
     times = time_interleaved(fns, repeats=args.repeats)
     best = min((k for k in fns if k.startswith("hf")), key=lambda k: times[k].median)
     times["transformers"] = times[best]
     timed = range(1, 1 + args.repeats)  # call 0 is the warm-up; every side sees the same seeds
     rows = {}
-    for name in ("ours static", *(f"ours S={s}" for s in args.slots), "transformers"):
+    for name in (*variants, "transformers"):
         lens = np.concatenate([np.asarray(lengths[name][i]) for i in timed])
         rows[name] = dict(s=times[name].median, tps=lens.sum() / sum(times[name].runs),
                           first=times[name].first, lengths=length_summary(lens))
@@ -92,9 +95,10 @@ def run(args, log=print) -> dict:
         r["vs_static"] = r["tps"] / rows["ours static"]["tps"]
         log(f"{name:14s}: {r['s'] * 1e3:8.0f} ms  {r['tps']:8.0f} useful tok/s  {r['vs_hf']:.2f}x transformers  "
             f"{r['vs_static']:.2f}x static  lengths {r['lengths']}")
-    gap = max(logp_gap(config, params, generate(config, params, prompts, mask, jax.random.PRNGKey(0),
-                                                max_new_tokens=t, num_samples=g, eos_ids=stop, pad_id=0,
-                                                decode_slots=s)) for s in args.slots)
+    gap = max((logp_gap(config, params, generate(config, params, prompts, mask, jax.random.PRNGKey(0),
+                                                 max_new_tokens=t, num_samples=g, eos_ids=stop, pad_id=0,
+                                                 decode_slots=kw.get("slots", 0), decode_shrink=kw.get("shrink", 0)))
+               for kw in variants.values() if kw), default=0.0)
     return dict(rows=rows, gap=gap, hf_threads=int(best[2:]), stop=len(stop), params=config.num_params(),
                 size=size.name)
 
@@ -113,7 +117,9 @@ def report(result, args) -> str:
             f"{result['stop']} stop ids calibrated for a median of {args.median * t:.0f} tokens, temperature 1, "
             f"float32; {args.repeats} timed calls each, alternating. Useful tokens: each row's tokens up to "
             f"and including its stop token. S: decode slots (continuous batching); static: every row "
-            f"decoded until the longest ends. logp gap of the slotted sampler against the trainer's "
+            f"decoded until the longest ends; shrink k: the static batch shrunk to N/k rows, N/k^2 ... "
+            f"(`rollout.decode_shrink`, the static batch's draws). logp gap of the slotted and shrunk "
+            f"samplers against the trainer's "
             f"`token_logprobs`: {result['gap']:.0e}.\n\n{table}\n")
 
 
@@ -126,6 +132,7 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--median", type=float, default=0.2, help="median length as a fraction of --new-tokens")
     ap.add_argument("--slots", default="16,32", help="comma-separated decode slot counts")
+    ap.add_argument("--shrink", default="4", help="comma-separated decode_shrink factors ('' = none)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", default=f"{os.cpu_count()},1", help="torch thread counts; the fastest is compared")
     ap.add_argument("--toy", action="store_true", help="tiny model and batch, 1 repeat (smoke test)")
@@ -134,11 +141,14 @@ def main(argv=None):
     if args.toy:
         args.size, args.prompts, args.group, args.prompt_len, args.new_tokens, args.slots, args.repeats = (
             "toy", 2, 2, 8, 16, "2", 1)
-        args.threads = "1"
+        args.threads, args.shrink = "1", "2"  # 4 rows -> 2
     args.slots = [int(s) for s in args.slots.split(",") if s.strip()]
+    args.shrink = [int(k) for k in args.shrink.split(",") if k.strip()]
     args.threads = sorted({int(x) for x in args.threads.split(",")}, reverse=True)
     if not 0 < args.median <= 1 or not all(0 < s <= args.prompts * args.group for s in args.slots):
         raise SystemExit("--median must be in (0, 1] and every --slots in [1, prompts x group]")
+    if not all(k >= 2 for k in args.shrink):
+        raise SystemExit("every --shrink must be >= 2")
     import torch
     torch.set_num_threads(args.threads[0])
     result = run(args)

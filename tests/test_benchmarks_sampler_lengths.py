@@ -15,9 +15,10 @@ def test_sampler_lengths_script_runs_at_toy_size(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     block = out.read_text().split("<!-- sampler-lengths-results:begin -->")[1].split("<!-- sampler-lengths-results:end -->")[0]
     rows = [line for line in block.splitlines() if line.startswith("| ours") or line.startswith("| transformers")]
-    assert [r.split("|")[1].strip().split(" (")[0] for r in rows] == ["ours static", "ours S=2", "transformers"]
+    names = ["ours static", "ours shrink 2", "ours S=2", "transformers"]
+    assert [r.split("|")[1].strip().split(" (")[0] for r in rows] == names
     gap = float(re.search(r"`token_logprobs`: ([0-9.e+-]+)\.", block).group(1))
-    assert gap < 1e-4  # the slotted sampler's log-probs are the trainer's
+    assert gap < 1e-4  # the slotted and shrunk samplers' log-probs are the trainer's
     for row in rows:  # every side produced some useful tokens, within the cap of 16
         lengths = [int(x) for x in re.findall(r"\d+", row.split("|")[7].split("(")[0])]
         assert 1 <= lengths[0] <= lengths[-1] <= 16

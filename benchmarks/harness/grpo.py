@@ -74,6 +74,7 @@ def ours_config(workspace: str, args):
     c.rollout.batch_prompts, c.rollout.group_size = args.batch, args.group
     c.rollout.max_new_tokens = args.new_tokens
     c.rollout.decode_slots = getattr(args, "decode_slots", 0)
+    c.rollout.decode_shrink = getattr(args, "decode_shrink", 0)
     c.train.pack_length = getattr(args, "pack_length", 0)
     c.optimizer.learning_rate = 1e-6
     c.total_steps = 10 ** 6

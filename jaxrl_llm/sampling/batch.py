@@ -176,7 +176,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     # All n rows decode together; with `phases`, once at most phases[0] rows are alive the decode goes on
     # over phases[0] rows (the alive ones first, their caches gathered), and so on: a decode step's cost
     # grows with its rows (on a CPU nearly in proportion), and with heavy-tailed lengths most steps have
-    # few rows left. Every row draws the uniforms it draws in the full batch: the same tokens.
+    # few rows left. Every row draws the uniforms it draws in the full batch: the same tokens (up to rounding).
     state = decode((jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), (phases or (0,))[0])
     kept = None
     for i, m in enumerate(phases):

@@ -116,7 +116,7 @@ def test_the_phases_are_compiled_and_passed(model, prompts, monkeypatch):
     args = (c, params, *map(jnp.asarray, prompts), jax.random.PRNGKey(0), jnp.float32(1.0), jnp.float32(1.0))
     loops = [generate_program.lower(*args, phases=ph, **kw).as_text().count("stablehlo.while")
              for ph in [(), (8,), (8, 4)]]
-    assert loops[0] < loops[1] < loops[2], loops  # each phase: its decode loop (and its scan over the layers)
+    assert loops[0] < loops[1] < loops[2], loops  # each phase: a decode loop of its own
     seen = []
     real = sampling.generate_program
     monkeypatch.setattr(sampling, "generate_program", lambda *a, **k: seen.append(k["phases"]) or real(*a, **k))

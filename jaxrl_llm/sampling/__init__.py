@@ -21,7 +21,6 @@ lengths compile only a handful of shapes.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Sequence
 
 import jax
@@ -33,7 +32,7 @@ from jaxrl_llm.sampling.batch import Rollout, generate_program, shrink_phases
 from jaxrl_llm.sampling.draw import (argmax, categorical, check_penalties, draw_tokens, mark, penalize, row_uniforms,
                                      seen_tokens)
 from jaxrl_llm.sampling.slots import slots_program
-from jaxrl_llm.sharding import BATCH_AXES
+from jaxrl_llm.sharding import batch_divisor
 
 __all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "argmax", "categorical",
            "draw_tokens", "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
@@ -110,7 +109,7 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
         program = functools.partial(slots_program, slots=int(decode_slots))
     else:  # the phases' rows stay a multiple of the batch shards of the mesh in context (sharding.use_mesh)
         mesh = jax.sharding.get_abstract_mesh()
-        multiple = 1 if mesh.empty else math.prod(mesh.shape.get(a, 1) for a in BATCH_AXES)
+        multiple = 1 if mesh.empty else batch_divisor(mesh)
         phases = shrink_phases(prompts.shape[0] * num_samples, int(decode_shrink), multiple)
         program = functools.partial(generate_program, phases=phases)
     return program(config, params, prompts.astype(jnp.int32), prompt_mask.astype(jnp.int32), rng,

@@ -79,6 +79,22 @@ def shrink_phases(rows: int, shrink: int, multiple: int = 1) -> tuple[int, ...]:
     return tuple(phases)
 
 
+def _record(tokens, logprobs, mask, routes, rows, t, new, both, alive, experts):
+    """One decode step's outputs written at token t + 1 (the experts at t, the token fed): new (M,), both
+    (M,2) log-probs, alive (M,) int, experts (L,M,k) or None, for `rows` (M,) of the (N,...) outputs, or
+    for all N rows in order when rows is None (in-place column writes)."""
+    if rows is None:
+        if experts is not None:
+            routes = jax.lax.dynamic_update_slice(routes, experts[:, :, None], (0, 0, t, 0))
+        return (jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1)),
+                jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1)),
+                jax.lax.dynamic_update_slice(mask, alive[:, None], (0, t + 1)), routes)
+    if experts is not None:
+        routes = routes.at[:, rows, t].set(experts)
+    return (tokens.at[rows, t + 1].set(new), logprobs.at[rows, :, t + 1].set(both), mask.at[rows, t + 1].set(alive),
+            routes)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
                                              "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block",
                                              "phases"))
@@ -146,23 +162,12 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
                 logits = decode_logits(config, params, hidden)
             with jax.named_scope("draw"):
                 key = jax.random.fold_in(rng, t + 1)
-                new, logp, blogp = (draw(key, logits, seen=seen) if kept is None else  # kept rows: their uniforms
-                                    draw(key, logits, seen=seen, rows=kept))
+                new, logp, blogp = draw(key, logits, seen=seen, rows=kept)  # kept rows: their own uniforms
             alive = ~done
             new = jnp.where(alive, new, pad_id)
             both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (M,2): one update for the pair
-            if kept is None:
-                if moe:  # the experts of token t (L,N,k) -> routes[:, :, t]
-                    routes = jax.lax.dynamic_update_slice(routes, experts[0][:, :, None], (0, 0, t, 0))
-                tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, t + 1))
-                logprobs = jax.lax.dynamic_update_slice(logprobs, both[:, :, None], (0, 0, t + 1))
-                mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, t + 1))
-            else:
-                if moe:
-                    routes = routes.at[:, kept, t].set(experts[0])
-                tokens = tokens.at[kept, t + 1].set(new)
-                logprobs = logprobs.at[kept, :, t + 1].set(both)
-                mask = mask.at[kept, t + 1].set(alive.astype(jnp.int32))
+            tokens, logprobs, mask, routes = _record(tokens, logprobs, mask, routes, kept, t, new, both,
+                                                     alive.astype(jnp.int32), experts[0] if moe else None)
             done = done | jnp.isin(new, eos)
             seen = None if seen is None else mark(seen, jnp.arange(m), new)
             return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
@@ -177,7 +182,8 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     # over phases[0] rows (the alive ones first, their caches gathered), and so on: a decode step's cost
     # grows with its rows (on a CPU nearly in proportion), and with heavy-tailed lengths most steps have
     # few rows left. Every row draws the uniforms it draws in the full batch: the same tokens (up to rounding).
-    state = decode((jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), (phases or (0,))[0])
+    until = (*phases, 0)  # each loop's exit: at most this many rows alive (0: every row has ended)
+    state = decode((jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), until[0])
     kept = None
     for i, m in enumerate(phases):
         t, tokens, logprobs, mask, done, cache, token, seen, routes = state
@@ -185,7 +191,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
         kept = sel if kept is None else jnp.take(kept, sel)
         state = (t, tokens, logprobs, mask, jnp.take(done, sel), decode_rows(config, cache, sel), jnp.take(token, sel),
                  None if seen is None else jnp.take(seen, sel, axis=0), routes)
-        state = decode(state, phases[i + 1] if i + 1 < len(phases) else 0, kept)
+        state = decode(state, until[i + 1], kept)
     _, tokens, logprobs, mask, _, _, _, _, routes = state
     # Ended: an EOS among its tokens (a loop that stops at T may leave more alive rows than a phase keeps).
     done = jnp.any(jnp.isin(tokens, eos) & (mask == 1), axis=-1)

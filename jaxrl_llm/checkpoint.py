@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from jaxrl_llm.compile_options import jit
+
 log = logging.getLogger(__name__)
 
 
@@ -162,7 +164,7 @@ def checksums(tree) -> dict[str, int]:
     return {k: int(v) for k, v in zip(leaves, values)}
 
 
-@jax.jit
+@jit
 def _checksum_leaves(leaves):
     out = []
     for x in leaves:

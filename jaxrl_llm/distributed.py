@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxrl_llm.compile_options import jit
+
 log = logging.getLogger(__name__)
 
 
@@ -237,7 +239,7 @@ def _slice_rows(x: jax.Array, start: int, size: int) -> jax.Array:
 @functools.lru_cache(maxsize=None)
 def _row_slicer(size: int):
     # One program per piece size (the start is traced); the output keeps the input's layout elsewhere.
-    return jax.jit(lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, size, axis=0))
+    return jit(lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, size, axis=0))
 
 
 def allgather_rows(local: np.ndarray) -> np.ndarray:

@@ -31,7 +31,8 @@ FORBIDDEN["envs"] = {"trainer", "sampling", "evaluate", "rl", "models", "config"
 for _unit in ("rl", "models", "data", "rewards", "sampling", "presets"):
     FORBIDDEN[_unit].add("envs")  # config/validation read its registry; the trainer will run it
 FORBIDDEN["evaluate"] = {"train", "export"}  # it may use trainer/setup.py; the command lines are not a library
-INFRASTRUCTURE = ("checkpoint", "metrics", "wandb_log", "distributed", "sharding", "fs", "faults", "preemption")
+INFRASTRUCTURE = ("checkpoint", "metrics", "wandb_log", "distributed", "sharding", "fs", "faults", "preemption",
+                  "compile_options")
 for _unit in INFRASTRUCTURE:  # the infrastructure modules know nothing of the algorithm packages
     FORBIDDEN[_unit] = {"rl", "models", "rewards", "data", "trainer", "sampling", "config", "evaluate", "envs"}
 

@@ -43,6 +43,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from jaxrl_llm import sharding as sharding_lib
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.data import prompts as prompts_lib
 from jaxrl_llm.data.padding import DEFAULT_MIN_BUCKET, bucket_length, left_pad, prompt_buckets
 from jaxrl_llm.data.tokenizer import has_chat_template, load_tokenizer
@@ -66,7 +67,7 @@ def last_token_index(mask: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(mask.astype(bool), columns[None], -1), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames="config")
+@functools.partial(jit, static_argnames="config")
 def reward_scores(config: ModelConfig, params, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """(B,) float32 scores of a left- or right-padded batch: the head at each row's last valid token.
 

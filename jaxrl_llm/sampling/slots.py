@@ -31,13 +31,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import (decode_logits, decode_prepare, decode_rows, decode_step, init_cache,
                                  prefill)
 from jaxrl_llm.sampling.batch import Rollout
 from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
+@functools.partial(jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
                                              "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
 def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                   max_new_tokens, num_samples, slots, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,

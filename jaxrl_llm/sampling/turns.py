@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import distributed as dist
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import (decode_layer_weights, decode_logits, decode_prepare, decode_step, decode_unrolled,
                                  init_cache, prefill)
@@ -97,7 +98,7 @@ class Turn:
 
 
 # -------------------------------------------------------------------------------------------- programs
-@functools.partial(jax.jit, static_argnames=("config", "num_samples", "capacity", "penalize"))
+@functools.partial(jit, static_argnames=("config", "num_samples", "capacity", "penalize"))
 def _start(config, params, prompts, prompt_mask, *, num_samples, capacity, penalize):
     moe = config.num_experts > 0
     hidden, kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False, return_routes=moe)
@@ -119,7 +120,7 @@ def _counts(ids, mask, vocab):
     return jnp.zeros((n, vocab), jnp.int32).at[jnp.arange(n)[:, None], where].add(1, mode="drop")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids",
+@functools.partial(jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids",
                                              "window", "use_min_p"), donate_argnames=("episode",))
 def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalty, min_p, *, max_tokens, top_k, greedy,
                  nucleus, stop_ids, window, use_min_p):
@@ -161,7 +162,7 @@ def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalt
                      routes=routes), turn
 
 
-@functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnames=("episode",))
+@functools.partial(jit, static_argnames=("config", "window"), donate_argnames=("episode",))
 @precise
 def _append(config, params, episode, obs, obs_len, *, window):
     e = episode

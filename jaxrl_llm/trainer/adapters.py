@@ -15,6 +15,7 @@ import ml_collections
 
 from jaxrl_llm import sharding
 from jaxrl_llm.checkpoint import checksums
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models import ModelConfig, init_params, lora, param_logical_axes
 from jaxrl_llm.models.config import config_to_hf_dict
 
@@ -37,7 +38,7 @@ def init_adapters(mc: ModelConfig, mesh, rng):
     adapters_of = lambda k: lora.split(init_params(mc, k))[1]
     abstract = jax.eval_shape(adapters_of, rng)
     shardings = sharding.logical_to_sharding(lora.split(param_logical_axes(mc))[1], abstract, mesh, name="lora")
-    return jax.jit(adapters_of, out_shardings=shardings)(rng), shardings
+    return jit(adapters_of, out_shardings=shardings)(rng), shardings
 
 
 def split_trainable(mc: ModelConfig, params, shardings, mesh, rng):

@@ -42,6 +42,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm import distributed as dist
+from jaxrl_llm.compile_options import jit
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.5  # how often a wait checks that the producer thread is alive
@@ -351,7 +352,7 @@ def host_copier(train_mesh, shardings):
     (a jitted identity to the replicated sharding: the training devices' collective, issued by the
     trainer's thread on every host alike, no host round trip), then this host's copy put on its rollout
     mesh (device to device). One parameter at a time: one parameter, not the model, is replicated at once."""
-    whole = jax.jit(lambda x: x, out_shardings=jax.sharding.NamedSharding(train_mesh, jax.sharding.PartitionSpec()))
+    whole = jit(lambda x: x, out_shardings=jax.sharding.NamedSharding(train_mesh, jax.sharding.PartitionSpec()))
 
     def copy_one(x, target):
         return jax.block_until_ready(jax.device_put(whole(x).addressable_data(0), target))

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import sharding
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.kernels import resolve_attention
 from jaxrl_llm.models.packing import pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths
 from jaxrl_llm.trainer.steps import attended
@@ -66,7 +67,7 @@ class Packer:
         self.pack_length, self.group_size, self.share_prompt = pack_length, group_size, share_prompt
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
-        self.lengths_fn = jax.jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
+        self.lengths_fn = jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
         self.lengths = self.prompt_lengths = None
         self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the R each pass has run
         self.efficiency: list[float] = []

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrl_llm import config as config_lib
 from jaxrl_llm import sharding
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.data import (iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts,
                             split_held_out)
 from jaxrl_llm.data.prompts import is_messages
@@ -131,7 +132,7 @@ def load_params(c, mc: ModelConfig, model_path: str, mesh, init_rng):
                             shardings=shardings, remat=c.model.remat, logits_chunk=c.model.logits_chunk,
                             attention=c.model.attention, attention_block=c.model.attention_block)
     else:
-        params = jax.jit(lambda k: init_params(mc, k), out_shardings=shardings)(init_rng)
+        params = jit(lambda k: init_params(mc, k), out_shardings=shardings)(init_rng)
     return params, shardings
 
 
@@ -143,7 +144,7 @@ def load_value_params(c, mc: ModelConfig, params, mesh):
     vabstract = jax.eval_shape(lambda p: init_value_params(mc, p), params)
     shardings = sharding.logical_to_sharding(value_logical_axes(mc), vabstract, mesh, name="value")
     if c.value.init == "policy":
-        return jax.jit(lambda p: init_value_params(mc, p), out_shardings=shardings)(params), shardings
+        return jit(lambda p: init_value_params(mc, p), out_shardings=shardings)(params), shardings
     vmc, value_params = load_hf_value(c.value.init, jnp.dtype(c.model.dtype), shardings=shardings)
     if (vmc.hidden_size, vmc.num_layers) != (mc.hidden_size, mc.num_layers):
         raise ValueError(f"config.value.init {c.value.init}: its backbone differs from the policy's")
@@ -163,12 +164,12 @@ def init_train_state(objective: Objective, plan: UpdatePlan, params, param_shard
     opt_shardings = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, params), param_shardings, mesh)
     value_opt_shardings = None if value_params is None else sharding.optimizer_shardings(
         value_tx, jax.eval_shape(value_tx.init, value_params), value_shardings, mesh)
-    copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=param_shardings)
+    copy = jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=param_shardings)
     state = TrainState(
         step=np.int32(0), opt_step=np.int32(0), rng=np.asarray(state_rng), params=params,
-        opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
+        opt_state=jit(tx.init, out_shardings=opt_shardings)(params),
         ref_params=copy(params) if refresh else None, value_params=value_params,
-        value_opt_state=None if value_params is None else jax.jit(
+        value_opt_state=None if value_params is None else jit(
             value_tx.init, out_shardings=value_opt_shardings)(value_params),
         kl=jax.tree_util.tree_map(np.asarray, kl_ctl), nonfinite=np.int32(0))
     replicate = sharding.replicated(mesh)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_llm import sharding
+from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models import ModelConfig, completion_hidden, logprobs_from_hidden, lora, value_head
 from jaxrl_llm.models.transformer import lm_head_weight
 from jaxrl_llm.models.packing import (completion_extent, lm_head_rows, pack_layout, packed_hidden, packed_logprobs,
@@ -304,10 +305,10 @@ def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh
     compiled programs."""
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
     alpha = plan.ref_mix_alpha
-    jit_update = lambda train_policy: jax.jit(make_update(objective, plan, mc, train_policy, tmc), donate_argnums=(0,),
+    jit_update = lambda train_policy: jit(make_update(objective, plan, mc, train_policy, tmc), donate_argnums=(0,),
                                               out_shardings=(state_shardings, sharding.replicated(mesh)))
     return StepFunctions(
-        score=jax.jit(make_score(objective, plan, mc, tmc)), prepare=jax.jit(objective.prepare),
+        score=jit(make_score(objective, plan, mc, tmc)), prepare=jit(objective.prepare),
         update=jit_update(True), update_value=jit_update(False) if objective.value else None,
-        refresh_ref=jax.jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
+        refresh_ref=jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
                             donate_argnums=(0,)))

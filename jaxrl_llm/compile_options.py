@@ -1,11 +1,12 @@
 """`jit`: `jax.jit` for the library's top-level programs, compiled on CPU at LLVM's O2 rather than XLA's O3.
 
 Why: XLA:CPU hands the code it generates to LLVM at `xla_backend_optimization_level` 3 by default. At the
-real 135M shape the O3 pipeline is a third of the update program's compile and does nothing for its speed:
-in one process, the same programs compiled both ways and timed alternately on the same inputs, O2 ran the
-sampler, the score pass and the update in 0.95x, 0.97x and 0.97x of O3's time, and the first GRPO step from
-a cold start took 21-23 s against 26-27 s (docs/benchmarks.md, "Compiling at O2 on CPU"). The matmuls are
-library calls either way; LLVM only compiles the fusions around them.
+real 135M shape the O3 pipeline is about half of the update's and the sampler's compile (XLA's compile of
+the first step 23.4 s at O3, 11-15 s at O2) and does nothing for their speed: in one process, the same
+programs compiled both ways and timed alternately on the same inputs, O2 ran the sampler, the score pass and
+the update in 0.95-0.99x, 0.97-1.00x and 0.97-1.01x of O3's time (0.5B: 0.98x, 0.97x, 0.96x), and the
+first GRPO step from a cold start took 21-24 s against 26-27 s (docs/benchmarks.md, "Compiling at O2 on
+CPU"). The matmuls are library calls either way; LLVM only compiles the fusions around them.
 
 Only CPU programs get the option: on a GPU the same field sets the LLVM level of the generated kernels,
 which is not what was measured. A user's own `XLA_FLAGS=--xla_backend_optimization_level=N` wins (the

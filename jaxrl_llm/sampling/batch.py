@@ -97,8 +97,8 @@ def _record(tokens, logprobs, mask, routes, rows, t, new, both, alive, experts):
 
 
 @functools.partial(jit, static_argnames=("config", "max_new_tokens", "num_samples", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block",
-                                             "phases"))
+                                         "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block",
+                                         "phases"))
 def generate_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                      max_new_tokens, num_samples, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
                      use_min_p=False, row_block=None, phases=()):

@@ -39,7 +39,7 @@ from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
 
 
 @functools.partial(jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
-                                             "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
+                                         "nucleus", "eos_ids", "pad_id", "penalize", "use_min_p", "row_block"))
 def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p, penalty=1.0, min_p=0.0, *,
                   max_new_tokens, num_samples, slots, top_k, greedy, nucleus, eos_ids, pad_id, penalize=False,
                   use_min_p=False, row_block=None):

@@ -121,7 +121,7 @@ def _counts(ids, mask, vocab):
 
 
 @functools.partial(jit, static_argnames=("config", "max_tokens", "top_k", "greedy", "nucleus", "stop_ids",
-                                             "window", "use_min_p"), donate_argnames=("episode",))
+                                         "window", "use_min_p"), donate_argnames=("episode",))
 def _decode_turn(config, params, episode, rng, limit, temperature, top_p, penalty, min_p, *, max_tokens, top_k, greedy,
                  nucleus, stop_ids, window, use_min_p):
     e = episode

@@ -306,9 +306,9 @@ def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
     alpha = plan.ref_mix_alpha
     jit_update = lambda train_policy: jit(make_update(objective, plan, mc, train_policy, tmc), donate_argnums=(0,),
-                                              out_shardings=(state_shardings, sharding.replicated(mesh)))
+                                          out_shardings=(state_shardings, sharding.replicated(mesh)))
     return StepFunctions(
         score=jit(make_score(objective, plan, mc, tmc)), prepare=jit(objective.prepare),
         update=jit_update(True), update_value=jit_update(False) if objective.value else None,
         refresh_ref=jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
-                            donate_argnums=(0,)))
+                        donate_argnums=(0,)))

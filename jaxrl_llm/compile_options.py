@@ -11,7 +11,9 @@ CPU"). The matmuls are library calls either way; LLVM only compiles the fusions 
 Only CPU programs get the option: on a GPU the same field sets the LLVM level of the generated kernels,
 which is not what was measured. A user's own `XLA_FLAGS=--xla_backend_optimization_level=N` wins (the
 plain `jax.jit` is used). jax refuses compiler options on a jit called inside another function's trace,
-so a call with traced arguments goes to the plain jit too (it is inlined into the caller's program).
+so a call there goes to the plain jit too (it is inlined into the caller's program): a call with traced
+arguments at once, one with concrete arguments only when jax has refused the options (before running
+anything).
 """
 from __future__ import annotations
 
@@ -42,8 +44,15 @@ class _Program:
         return self.cpu if cpu_options_apply() else self.plain
 
     def __call__(self, *args, **kwargs):
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
-        return (self.plain if traced else self._top())(*args, **kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            return self.plain(*args, **kwargs)
+        program = self._top()
+        try:
+            return program(*args, **kwargs)
+        except ValueError as e:  # under a trace with concrete arguments only: jax refuses the nested options
+            if program is self.plain or "compiler_options" not in str(e):
+                raise
+            return self.plain(*args, **kwargs)
 
     def __getattr__(self, name):  # lower, trace, eval_shape, _cache_size: of the program a call would run
         return getattr(self._top(), name)

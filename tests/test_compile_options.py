@@ -72,8 +72,20 @@ def test_under_another_trace_the_plain_jit_runs(users_flags):
                                jax.grad(lambda a: program(a, w).sum())(x), rtol=1e-6)
     _, ys = jax.lax.scan(lambda c, row: (c, p(row[None], w)[0]), 0.0, x)
     np.testing.assert_allclose(ys, want, rtol=1e-6)
-    with pytest.raises(ValueError, match="compiler_options"):  # what the tracer check avoids
+    # concrete arguments only, under a caller's trace: jax refuses the options, the plain jit runs
+    np.testing.assert_allclose(jax.jit(lambda a: p(np.asarray(x), np.asarray(w)) + a)(1.0), want + 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="compiler_options"):  # what both checks avoid
         jax.jit(lambda a, b: p.cpu(a, b))(x, w)
+
+
+def test_other_value_errors_are_not_swallowed(users_flags):
+    def bad(x):
+        raise ValueError("a shape the caller got wrong")
+    p = jit(bad)
+    with pytest.raises(ValueError, match="a shape the caller got wrong"):
+        p(jnp.ones(2))
+    with pytest.raises(ValueError, match="a shape the caller got wrong"):
+        jax.jit(lambda a: p(np.ones(2)) + a)(1.0)
 
 
 def test_decorator_forms_and_static_arguments(users_flags):

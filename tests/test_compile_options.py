@@ -36,12 +36,14 @@ def test_on_cpu_a_call_runs_the_program_compiled_with_the_options(users_flags):
     assert jax.default_backend() == "cpu" and compile_options.cpu_options_apply()
     f = fresh()
     p = jit(f)
-    x, w = jnp.ones((4, 8)), jnp.linspace(-1, 1, 64).reshape(8, 8)
+    # no cancelling sum: the two programs' float rounding (O2 here, the test run's flags for jax.jit) may differ
+    x, w = jnp.linspace(0.1, 0.5, 32).reshape(4, 8), jnp.linspace(0.01, 0.2, 64).reshape(8, 8)
     out = p(x, w)
     assert (p.cpu._cache_size(), p.plain._cache_size()) == (1, 0)
     assert options_of(p.lower(x, w)) == CPU_COMPILER_OPTIONS == {"xla_backend_optimization_level": 2}
     assert options_of(p.plain.lower(x, w)) == {}
-    np.testing.assert_allclose(out, jax.jit(program)(x, w), rtol=1e-6)
+    np.testing.assert_allclose(out, jax.jit(program)(x, w), rtol=1e-5)
+    assert float(out.min()) > 0.1
     assert p.__wrapped__ is f and jit(program).__name__ == "program"
 
 
@@ -66,14 +68,14 @@ def test_under_another_trace_the_plain_jit_runs(users_flags):
     p = jit(fresh())
     x, w = jnp.arange(12.0).reshape(3, 4) / 10, jnp.eye(4) * 0.5
     want = jax.jit(program)(x, w)
-    np.testing.assert_allclose(jax.jit(lambda a, b: p(a, b))(x, w), want, rtol=1e-6)
-    np.testing.assert_allclose(jax.vmap(p, in_axes=(0, None))(x, w), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda a, b: p(a, b))(x, w), want, rtol=1e-5)
+    np.testing.assert_allclose(jax.vmap(p, in_axes=(0, None))(x, w), want, rtol=1e-5)
     np.testing.assert_allclose(jax.grad(lambda a: p(a, w).sum())(x),
-                               jax.grad(lambda a: program(a, w).sum())(x), rtol=1e-6)
+                               jax.grad(lambda a: program(a, w).sum())(x), rtol=1e-5)
     _, ys = jax.lax.scan(lambda c, row: (c, p(row[None], w)[0]), 0.0, x)
-    np.testing.assert_allclose(ys, want, rtol=1e-6)
+    np.testing.assert_allclose(ys, want, rtol=1e-5)
     # concrete arguments only, under a caller's trace: jax refuses the options, the plain jit runs
-    np.testing.assert_allclose(jax.jit(lambda a: p(np.asarray(x), np.asarray(w)) + a)(1.0), want + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda a: p(np.asarray(x), np.asarray(w)) + a)(1.0), want + 1.0, rtol=1e-5)
     with pytest.raises(ValueError, match="compiler_options"):  # what both checks avoid
         jax.jit(lambda a, b: p.cpu(a, b))(x, w)
 

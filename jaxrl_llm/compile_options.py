@@ -55,6 +55,8 @@ class _Program:
             return self.plain(*args, **kwargs)
 
     def __getattr__(self, name):  # lower, trace, eval_shape, _cache_size: of the program a call would run
+        if name in ("plain", "cpu") or name.startswith("__"):  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self._top(), name)
 
 

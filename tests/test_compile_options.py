@@ -105,6 +105,16 @@ def test_decorator_forms_and_static_arguments(users_flags):
     assert top.cpu._cache_size() == 1 and double.cpu._cache_size() == 1
 
 
+def test_a_program_copies(users_flags):
+    import copy
+    p = jit(fresh())
+    q = copy.copy(p)
+    x, w = jnp.ones((2, 3)), jnp.ones((3, 3))
+    np.testing.assert_array_equal(q(x, w), p(x, w))
+    with pytest.raises(AttributeError):
+        p.not_an_attribute_of_jit
+
+
 def test_donation_and_shardings_pass_through(users_flags):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,16 +88,20 @@ def one(attack: str, fence_kb: int, timeout: float) -> dict:
             scores = code_tests(None, [bad, HONEST], tests=[TESTS, TESTS], timeout=timeout, max_workers=2)
         out["sibling_score"] = scores[1]
     else:
-        tempfile.tempdir = tempfile.mkdtemp(prefix="code_attacks_")
+        saved, tempfile.tempdir = tempfile.tempdir, tempfile.mkdtemp(prefix="code_attacks_")
         stop, peak = threading.Event(), [0]
         watcher = threading.Thread(target=_host_tmp_peak, args=(stop, tempfile.tempdir, peak))
         watcher.start()
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            attack_run = pool.submit(run_sandboxed, FLOOD_OUTPUT, TESTS, timeout=timeout, disk_mb=1)
-            honest_run = pool.submit(run_sandboxed, HONEST_CODE, TESTS, timeout=timeout)
-            result, honest = attack_run.result(), honest_run.result()
-        stop.set()
-        watcher.join()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                attack_run = pool.submit(run_sandboxed, FLOOD_OUTPUT, TESTS, timeout=timeout, disk_mb=1)
+                honest_run = pool.submit(run_sandboxed, HONEST_CODE, TESTS, timeout=timeout)
+                result, honest = attack_run.result(), honest_run.result()
+        finally:  # the watched folder is ours: leave nothing behind in the host's /tmp
+            stop.set()
+            watcher.join()
+            shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+            tempfile.tempdir = saved
         out.update(host_tmp_peak_mib=round(peak[0] / 2**20, 2), attack_status=result.status,
                    attack_reason=result.reason, sibling_score=honest.score)  # fmt: skip
     out["parent_s"] = round(time.perf_counter() - start, 2)

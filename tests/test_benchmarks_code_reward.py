@@ -25,10 +25,12 @@ def test_code_reward_benchmark_runs_at_toy_size():
     assert float(lines["before"].split()[1]) > 0 and float(lines["after"].split()[1]) > 0
 
 
-def test_code_attacks_benchmark_runs():
+def test_code_attacks_benchmark_runs(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "code_attacks.py"), "--attack", "output",
                            "--attack", "fences", "--fence-kb", "64", "--timeout", "10"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert not any(p.name.startswith("code_attacks_") for p in tmp_path.iterdir()), "the benchmark left its folder"
     assert proc.returncode == 0, proc.stderr[-3000:]
     output, fences = (json.loads(line) for line in proc.stdout.splitlines())
     assert output["sibling_score"] == fences["sibling_score"] == 1.0, proc.stdout

@@ -7,10 +7,12 @@ to minutes) because the number of packed rows R they need is data-dependent and 
 rounds each step's need up to a bucket (models/packing.pack_rows, four per doubling), and each pass
 compiles once per R it runs (the LM-head rows K follow R: every slot, the chunks past the last predictor
 skipped at run time). The shapes follow the need, reusing a shape already compiled when it is at most one
-bucket above it: a high-water mark would keep every step at the size of the longest batch seen (measured,
-heavy-tailed lengths at SmolLM2-135M's shape: one long batch took R from 4 to 6 rows of 128 for all later
-steps, score + update 7.0 s against 4.6-5.3 s before it), and exact buckets alone compiled a new shape at
-most steps of a short run. Models/packing.py does the packing itself, on device.
+bucket above it, until the rows that reuse wastes add up to about a compile (`choose_shape`): a high-water
+mark would keep every step at the size of the longest batch seen (measured, heavy-tailed lengths at
+SmolLM2-135M's shape: one long batch took R from 4 to 6 rows of 128 for all later steps, score + update
+7.0 s against 4.6-5.3 s before it), exact buckets alone compiled a new shape at most steps of a short run,
+and reuse without a bound ran a frequent need one bucket high for the rest of a run. Models/packing.py
+does the packing itself, on device.
 """
 from __future__ import annotations
 
@@ -49,12 +51,28 @@ def shares_prompt(requested: bool, model_config, pack_length: int) -> bool:
                                            head_dim=mc.head_dim, keys=pack_length, segments=True) != "splash"
 
 
-def choose_shape(used: set, r: int, multiple: int = 1) -> int:
+# How long a need of r rows may run on a compiled shape one bucket above it before r gets its own compile,
+# in passes at r's shape: the rows it wastes add up to this, then the need is compiled (ski rental: renting
+# costs (R - r) / r of a pass per step, buying is one compile). A new shape's compile took 1.4-1.6 passes
+# at SmolLM2-135M's shape on the 2-core CPU (update: trace + compile 5.6 s against 3.4-4 s a pass; score
+# 1.5 s against ~1 s). Without the budget a need of 4 rows ran on 5 for the rest of a run once one long
+# batch had compiled 5: 69% of the slots real over 300 heavy-tailed steps against 80% with exact shapes.
+REUSE_BUDGET = 1.5
+
+
+def choose_shape(used: set, r: int, multiple: int = 1, wasted: dict | None = None) -> int:
     """The R a pass runs for a need of r packed rows (already a `pack_rows` bucket): the smallest in `used`
     (those it has run) that fits and is at most one bucket above the need (the next `pack_rows` bucket),
-    else the need itself."""
+    else the need itself. `wasted` (need -> passes wasted so far, updated here): a need reuses a larger
+    shape only while what it has wasted that way stays within REUSE_BUDGET; then it compiles its own."""
     fits = sorted(rr for rr in used if r <= rr <= pack_rows(r + 1, multiple, cap=2 ** 62))
-    return fits[0] if fits else r
+    if not fits or fits[0] == r or wasted is None:
+        return fits[0] if fits else r
+    spent = wasted.get(r, 0.0) + (fits[0] - r) / r
+    if spent > REUSE_BUDGET:
+        return r
+    wasted[r] = spent
+    return fits[0]
 
 
 class Packer:
@@ -70,6 +88,7 @@ class Packer:
         self.lengths_fn = jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
         self.lengths = self.prompt_lengths = None
         self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the R each pass has run
+        self.wasted: dict[str, dict] = {"score": {}, "update": {}}  # choose_shape's reuse, per need
         self.efficiency: list[float] = []
 
     def _plan(self, kind: str, prompt_groups: np.ndarray) -> dict:
@@ -80,7 +99,7 @@ class Packer:
                                      self.multiple)
         else:
             plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple)
-        r = choose_shape(self.shapes[kind], plan["slots"].shape[-1], self.multiple)
+        r = choose_shape(self.shapes[kind], plan["slots"].shape[-1], self.multiple, self.wasted[kind])
         self.shapes[kind].add(r)
         plan["slots"] = np.pad(plan["slots"], ((0, 0), (0, r - plan["slots"].shape[-1])))  # empty rows
         # The LM head runs on the slots that predict a completion token, gathered first; K = every slot of

@@ -30,8 +30,8 @@ def test_code_attacks_benchmark_runs(tmp_path):
                            "--attack", "fences", "--fence-kb", "64", "--timeout", "10"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
-    assert not any(p.name.startswith("code_attacks_") for p in tmp_path.iterdir()), "the benchmark left its folder"
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not any(p.name.startswith("code_attacks_") for p in tmp_path.iterdir()), "the benchmark left its folder"
     output, fences = (json.loads(line) for line in proc.stdout.splitlines())
     assert output["sibling_score"] == fences["sibling_score"] == 1.0, proc.stdout
     assert output["attack_status"] == "output_limit" and output["host_tmp_peak_mib"] == 0.0, proc.stdout

@@ -36,7 +36,6 @@ from jaxrl_llm import evaluate
 from jaxrl_llm import faults, fs, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
-from jaxrl_llm.compile_options import jit
 from jaxrl_llm.data.config import reward_columns
 from jaxrl_llm.models import lora, save_hf
 from jaxrl_llm.models.hf import save_peft_adapter
@@ -145,9 +144,8 @@ class Trainer:
         self.base, params, self.param_shardings = adapters.split_trainable(self.mc, params, self.param_shardings,
                                                                            self.mesh, init_rng)
         self.base_id = None if self.base is None else adapters.base_identity(self.mc, self.base)
-        copy = jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=self.param_shardings)
         self.frozen_ref = None if not self.uses_ref or refresh else (
-            self.base if self.base is not None else copy(params))
+            self.base if self.base is not None else setup.copy_params(params, self.param_shardings))
         self.value_shardings = value[1] if value else None
         # Distillation: the teacher, frozen outside the state like the LoRA base (trainer/teacher.py).
         self.teacher_mc, self.teacher, self.teacher_id = (teacher.load_teacher(

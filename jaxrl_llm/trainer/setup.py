@@ -151,6 +151,12 @@ def load_value_params(c, mc: ModelConfig, params, mesh):
     return value_params, shardings
 
 
+def copy_params(params, shardings):
+    """A copy of the parameter tree laid out by `shardings`: the reference's own buffers, so that the update
+    donating the policy's leaves the reference intact."""
+    return jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=shardings)(params)
+
+
 def init_train_state(objective: Objective, plan: UpdatePlan, params, param_shardings, value, mesh, state_rng,
                      refresh: bool):
     """(the initial TrainState on the mesh, its shardings). `value` is (params, shardings) or None;
@@ -164,11 +170,10 @@ def init_train_state(objective: Objective, plan: UpdatePlan, params, param_shard
     opt_shardings = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, params), param_shardings, mesh)
     value_opt_shardings = None if value_params is None else sharding.optimizer_shardings(
         value_tx, jax.eval_shape(value_tx.init, value_params), value_shardings, mesh)
-    copy = jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=param_shardings)
     state = TrainState(
         step=np.int32(0), opt_step=np.int32(0), rng=np.asarray(state_rng), params=params,
         opt_state=jit(tx.init, out_shardings=opt_shardings)(params),
-        ref_params=copy(params) if refresh else None, value_params=value_params,
+        ref_params=copy_params(params, param_shardings) if refresh else None, value_params=value_params,
         value_opt_state=None if value_params is None else jit(
             value_tx.init, out_shardings=value_opt_shardings)(value_params),
         kl=jax.tree_util.tree_map(np.asarray, kl_ctl), nonfinite=np.int32(0))

@@ -66,13 +66,16 @@ def choose_shape(used: set, r: int, multiple: int = 1, wasted: dict | None = Non
     else the need itself. `wasted` (need -> passes wasted so far, updated here): a need reuses a larger
     shape only while what it has wasted that way stays within REUSE_BUDGET; then it compiles its own."""
     fits = sorted(rr for rr in used if r <= rr <= pack_rows(r + 1, multiple, cap=2 ** 62))
-    if not fits or fits[0] == r or wasted is None:
-        return fits[0] if fits else r
-    spent = wasted.get(r, 0.0) + (fits[0] - r) / r
+    if not fits:
+        return r
+    shape = fits[0]
+    if shape == r or wasted is None:
+        return shape
+    spent = wasted.get(r, 0.0) + (shape - r) / r
     if spent > REUSE_BUDGET:
         return r
     wasted[r] = spent
-    return fits[0]
+    return shape
 
 
 class Packer:

@@ -8,6 +8,7 @@ intermediate 1536, vocabulary 49,152, tied embeddings), float32, saved by transf
 jaxrl_llm's Trainer as benchmarks/grpo_iteration.py sets it up (same reward, beta, lr). One warm-up step
 (compilation) then `--repeats` steps, each split into its stages, each synchronized: the sampler's prefill
 alone and the whole generation (decode = generation - prefill), the rewards, the reference pass, the update.
+Each stage's CPU seconds are split into user and system, beside its minor page faults (memory faulted in).
 
 Bytes: the process's resident set (VmRSS) before each stage and its peak during it (VmHWM, reset before
 each stage through /proc/self/clear_refs), and XLA's `memory_analysis()` of each compiled program
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -73,16 +75,21 @@ def main(argv=None):
     log = lambda *a: print(*a, flush=True)
     stages: dict[str, list[float]] = {}
     peaks: dict[str, list[float]] = {}
-    cpus: dict[str, list[float]] = {}
+    cpus: dict[str, list[tuple[float, float, int]]] = {}
 
-    cpu = lambda: sum(os.times()[:2])
+    def cpu() -> tuple[float, float, int]:
+        """(user CPU s, system CPU s, minor page faults) of this process so far: the system time of a stage is
+        mostly the kernel faulting in (and zeroing) memory that malloc mapped afresh (docs/benchmarks.md,
+        "Page faults between programs")."""
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime, r.ru_minflt
 
     def timed(name, fn):
         reset_peak()
         t0, c0 = time.perf_counter(), cpu()
         out = jax.block_until_ready(fn())
         stages.setdefault(name, []).append(time.perf_counter() - t0)
-        cpus.setdefault(name, []).append(cpu() - c0)
+        cpus.setdefault(name, []).append(tuple(b - a for a, b in zip(c0, cpu())))
         peaks.setdefault(name, []).append(rss()[1])
         return out
 
@@ -132,9 +139,11 @@ def main(argv=None):
             for _ in range(args.repeats):
                 timed(f"sampler {n} token{'s' * (n > 1)}", lambda: gen(n))
         log(f"load average {os.getloadavg()[0]:.2f}")
-        log("\n| stage | seconds (median) | CPU seconds | peak RSS GiB |\n|---|---|---|---|")
+        log("\n| stage | seconds (median) | CPU seconds, user + system | minor page faults | peak RSS GiB |\n"
+            "|---|---|---|---|---|")
         for k, v in stages.items():
-            log(f"| {k} | {statistics.median(v):.3f} | {statistics.median(cpus[k]):.3f} | {max(peaks[k]):.2f} |")
+            user, system, faults = (statistics.median(x) for x in zip(*cpus[k]))
+            log(f"| {k} | {statistics.median(v):.3f} | {user:.3f} + {system:.3f} | {faults:,.0f} | {max(peaks[k]):.2f} |")
         s1, sT = statistics.median(stages["sampler 1 token"]), statistics.median(stages[f"sampler {args.new_tokens} tokens"])
         log(f"decode: {(sT - s1) / (args.new_tokens - 1) * 1e3:.1f} ms/token step ({args.batch * args.group} rows)")
         log("\n| program | arguments GiB | outputs GiB | aliased GiB | temporaries GiB |\n|---|---|---|---|---|")

@@ -14,6 +14,19 @@ from harness import report, timing  # noqa: E402
 from harness.flops import iteration_flops  # noqa: E402
 
 
+def test_machine_line_names_the_cpu_family_and_a_preloaded_allocator(monkeypatch):
+    """A preloaded allocator changes both sides' speed (docs/benchmarks.md, "Page faults between programs"),
+    and "AMD EPYC" alone names hosts of twice each other's speed: both go into every result's machine line."""
+    monkeypatch.setenv("LD_PRELOAD", "/lib/libtcmalloc_minimal.so.4")
+    line = report.machine_description()
+    assert line.endswith("; LD_PRELOAD=/lib/libtcmalloc_minimal.so.4")
+    monkeypatch.delenv("LD_PRELOAD")
+    assert "LD_PRELOAD" not in report.machine_description()
+    with open("/proc/cpuinfo") as f:
+        family = next((line.split(":")[1].strip() for line in f if line.startswith("cpu family")), None)
+    if family is not None:
+        assert f"(family {family})," in line
+
 def test_sampler_script_runs_at_toy_size(tmp_path):
     out = tmp_path / "bench.md"
     out.write_text("# Benchmarks\n\nhand-written text that a rerun must keep\n")

@@ -25,17 +25,22 @@ def load_average() -> str:
 
 
 def machine_description() -> str:
-    """One line: CPU model, core count, load average, library versions."""
+    """One line: CPU model (and family: "AMD EPYC" names several generations), core count, load average,
+    library versions, and a preloaded allocator when LD_PRELOAD is set (it changes both sides' speed:
+    docs/benchmarks.md, "Page faults between programs")."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        cpu = info.get("model name", cpu) + (f" (family {info['cpu family']})" if "cpu family" in info else "")
+    except OSError:
         pass
     import jax
+    preload = f"; LD_PRELOAD={os.environ['LD_PRELOAD']}" if os.environ.get("LD_PRELOAD") else ""
     return (f"{cpu}, {os.cpu_count()} cores, load average {load_average()}; jax {jax.__version__} "
             f"({jax.default_backend()}), flax {_version('flax')}, torch {_version('torch')}, "
-            f"transformers {_version('transformers')}")
+            f"transformers {_version('transformers')}{preload}")
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

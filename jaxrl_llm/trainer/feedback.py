@@ -1,5 +1,6 @@
 """What a user sees of a run on the terminal: a progress bar whose ETA leaves out compilation (plain lines
-in a log file), and a summary of the whole run when training finishes."""
+in a log file), the settings that would skip the padding the run's lengths waste, and a summary of the
+whole run when training finishes."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import math
 import sys
 import time
 
+import jax
 from etils import epath
 
 
@@ -86,6 +88,58 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+# A hint names a setting when at least this share of what the passes or the decode computed was padding.
+PADDING_HINT_SHARE = 0.5
+# The run logs its hints once, after this many steps of a segment (the summary repeats them for the run).
+HINT_AFTER_STEPS = 3
+# Completion budgets shorter than this have too few columns to skip for a packing plan or a decode phase
+# of their own to pay (the built-in task's 4 tokens among them).
+HINT_MIN_NEW_TOKENS = 32
+# The decode's hint needs a batch that a shrink by this factor (the one it suggests) leaves rows in.
+_SHRINK = 4
+
+
+def padding_hints(c, rows: list[dict]) -> list[str]:
+    """The settings that would skip the padding the run's completion lengths waste, one sentence each, from
+    its metrics rows (`response_length/mean` and `/max` of each step); [] when little is wasted or the
+    settings are already on. Single-turn runs with rollout.max_new_tokens >= HINT_MIN_NEW_TOKENS only: an
+    episode's columns are not rollout.max_new_tokens.
+
+    - Unpacked, the score and update passes run every row over rollout.max_new_tokens completion columns:
+      the padding share is 1 - mean length / max_new_tokens; `train.pack_length` runs only the real tokens.
+    - The static decode runs all N rows until the step's longest ends: the share of row-steps spent on rows
+      already finished is 1 - sum of means / sum of maxima; `rollout.decode_shrink` (fewer rows once most
+      have ended) or `rollout.decode_slots` (continuous batching) decode fewer of them."""
+    steps = [(m["response_length/mean"], m["response_length/max"]) for m in rows if "response_length/mean" in m]
+    T = c.rollout.max_new_tokens
+    if not steps or c.env.name or T < HINT_MIN_NEW_TOKENS:
+        return []
+    mean = sum(s[0] for s in steps) / len(steps)
+    hints = []
+    padded = 1.0 - mean / T
+    router_loss = c.model.router_aux_loss_coef or c.model.router_z_loss_coef  # packing refuses it
+    if c.train.pack_length == 0 and not router_loss and padded >= PADDING_HINT_SHARE:
+        # Rows of the power of two that holds the dataset's longest prompt and a full completion; packing
+        # asks pack_length >= data.max_prompt_length + T, so a looser bound is lowered to what the rows hold.
+        prompt = next((int(m["data/prompt_length_max"]) for m in rows if "data/prompt_length_max" in m),
+                      c.data.max_prompt_length)
+        length = 1 << (min(prompt, c.data.max_prompt_length) + T - 1).bit_length()
+        bound = f" with data.max_prompt_length={length - T}" if c.data.max_prompt_length > length - T else ""
+        hints.append(f"{padded:.0%} of the completion columns the score and update passes ran were padding "
+                     f"(completions of {mean:.1f} tokens on average, rollout.max_new_tokens={T}): "
+                     f"train.pack_length={length}{bound} packs the real tokens into rows (README, Models)")
+    decoded = sum(s[1] for s in steps)  # row-steps per row: every step decodes until its longest row ends
+    finished = 1.0 - sum(s[0] for s in steps) / decoded if decoded else 0.0
+    rows_decoded = c.rollout.batch_prompts // jax.process_count() * c.rollout.group_size  # one process's batch
+    if (c.rollout.decode_slots == 0 and c.rollout.decode_shrink == 0 and rows_decoded >= 2 * _SHRINK
+            and finished >= PADDING_HINT_SHARE):
+        hints.append(f"{finished:.0%} of the decode's row-steps went to rows that had already finished (the "
+                     f"{rows_decoded} rows of a batch decode until its longest ends): rollout.decode_shrink={_SHRINK} "
+                     f"goes on over a quarter of the rows once that few are left, rollout.decode_slots keeps a "
+                     f"fixed number in flight (docs/sampling.md)")
+    return hints
+
+
 def summary(c, workdir: str, history: list[dict], end_step: int, initial_eval: dict | None, setup_s: float,
             train_s: float) -> str:
     """The end-of-run report: steps and wall time, the final reward (mean of the last 10% of the run's
@@ -120,6 +174,7 @@ def summary(c, workdir: str, history: list[dict], end_step: int, initial_eval: d
     if c.export.at_end and c.lora.rank > 0:
         lines.append(f"  adapter     {wd / 'hf_adapter'} (PEFT, on the base {c.model.path or 'built-in model'})")
     lines.append(f"  metrics     {wd / 'metrics.jsonl'}" + (f", curves {wd / 'curves.png'}" if c.export.plot else ""))
+    lines.extend(f"  hint        {h}" for h in padding_hints(c, steps))
     return "\n".join(lines)
 
 

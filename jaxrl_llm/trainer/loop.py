@@ -306,6 +306,9 @@ class Trainer:
                                     "not counted as non-finite): %s", step + 1, int(m["train/empty_updates"]),
                                     diagnose.empty_cause(c, m))
                     self._check_finite(state, step, m)
+                    if step + 1 == self.start_step + feedback.HINT_AFTER_STEPS and dist.is_main():
+                        for hint in feedback.padding_hints(c, history):  # early, for a run worth restarting
+                            log.info("hint: %s", hint)
                     if (step + 1) % c.checkpoint.every_steps == 0 and step + 1 < c.total_steps:
                         self.save(state)
                     reason = stop.should_stop(step + 1)  # every process, every step: the answer is agreed

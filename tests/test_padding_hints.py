@@ -6,8 +6,6 @@ import contextlib
 import io
 import logging
 
-import pytest
-
 from jaxrl_llm import config as config_lib
 from jaxrl_llm.trainer import Trainer, feedback
 
@@ -62,8 +60,10 @@ def test_no_hint_where_little_is_padding_or_the_setting_cannot_apply():
     assert only(_config(**{"rollout.batch_prompts": 2, "rollout.group_size": 2})) == ["of the completion co"]  # 4 rows
     assert feedback.padding_hints(_config(**{"rollout.max_new_tokens": 31}), _rows([3.0], [31.0])) == []
     assert len(feedback.padding_hints(_config(**{"rollout.max_new_tokens": 32}), _rows([3.0], [32.0]))) == 2
-    # Every completion empty: no step decoded anything finished (no division by a zero maximum).
-    assert only(_config()) and "decode" not in " ".join(feedback.padding_hints(_config(), _rows([0.0], [0.0])))
+    # Every completion empty: all columns padding, but no step decoded anything finished (no division by a
+    # zero maximum).
+    hints = feedback.padding_hints(_config(), _rows([0.0], [0.0]))
+    assert [h.split(" ", 1)[1][:20] for h in hints] == ["of the completion co"]
 
 
 def test_the_summary_carries_the_hints():

@@ -11,6 +11,8 @@ import time
 import jax
 from etils import epath
 
+from jaxrl_llm.sampling.turns import bucket
+
 
 class Progress:
     """The run's progress. On a terminal, a tqdm bar whose first step compiles the programs (a minute on a
@@ -123,7 +125,7 @@ def padding_hints(c, rows: list[dict]) -> list[str]:
         # asks pack_length >= data.max_prompt_length + T, so a looser bound is lowered to what the rows hold.
         prompt = next((int(m["data/prompt_length_max"]) for m in rows if "data/prompt_length_max" in m),
                       c.data.max_prompt_length)
-        length = 1 << (min(prompt, c.data.max_prompt_length) + T - 1).bit_length()
+        length = bucket(min(prompt, c.data.max_prompt_length) + T, smallest=1)
         bound = f" with data.max_prompt_length={length - T}" if c.data.max_prompt_length > length - T else ""
         hints.append(f"{padded:.0%} of the completion columns the score and update passes ran were padding "
                      f"(completions of {mean:.1f} tokens on average, rollout.max_new_tokens={T}): "

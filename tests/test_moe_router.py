@@ -1,6 +1,8 @@
 """The MoE router's losses (rl/router.py): the load-balancing loss against transformers'
-`load_balancing_loss_func`, the z-loss against a float64 loop, the router's gradient against float64 finite
-differences, and the replayed experts' counts against a brute-force count."""
+`load_balancing_loss_func` (routing afresh, and under routing replay of a float32 sampler's routes, where a
+row's last drawn token -- never fed, so without a recorded route -- is routed afresh), the z-loss against a
+float64 loop, the router's gradient against float64 finite differences, and the replayed experts' counts
+against a brute-force count."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,8 @@ from jaxrl_llm.models import load_hf
 from jaxrl_llm.models.lm import positions_from_mask
 from jaxrl_llm.models.transformer import Decoder
 from jaxrl_llm.rl.router import router_losses
+from jaxrl_llm.sampling import generate
+from jaxrl_llm.trainer.steps import logp_of
 
 LENGTHS = [11, 4, 1]
 
@@ -122,6 +126,40 @@ def test_replayed_experts_are_the_ones_counted(routed):
     first = config.moe_layers.index(True)
     np.testing.assert_allclose(np.asarray(stats["probs"][first]), np.asarray(free["probs"][first]), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(stats["tokens"]), [mask.sum() * s for s in config.moe_layers])
+
+
+@pytest.mark.parametrize("variant,slots", [("qwen3_moe_top2", 0), ("mixtral_top2", 3)])
+def test_load_balance_under_replay_of_the_samplers_routes_matches_transformers(variant, slots, tmp_path):
+    """The update's router sums (`logp_of(..., router_stats=True)`, replaying the float32 sampler's routes,
+    static or continuous batching) give transformers' load-balancing loss of a full forward of [prompt;
+    completion] over the completion tokens, 1e-5: the last token of each row, which the sampler never fed,
+    is routed afresh, not counted as expert 0 k times."""
+    import torch
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    model = make_moe_model(str(tmp_path), variant)
+    config, params = load_hf(str(tmp_path))
+    g = 2
+    prompts, pmask = left_padded_batch(np.random.default_rng(5), [7, 3, 5], config.vocab_size)
+    r = generate(config, params, prompts, pmask, jax.random.PRNGKey(2), max_new_tokens=6, num_samples=g,
+                 eos_ids=[1], pad_id=0, decode_slots=slots)
+    b = {"prompt_tokens": prompts, "prompt_mask": pmask, "tokens": r.tokens, "mask": r.mask,
+         "routes": r.routes.transpose(1, 2, 0, 3), "prompt_routes": r.prompt_routes[:, ::g].transpose(1, 2, 0, 3)}
+    logp, stats = jax.jit(lambda p, b: logp_of(config, p, b, 1.0, router_stats=True))(params, b)
+    assert logp.shape == r.tokens.shape  # (N,T), not unpacked row by row
+    balance, _, _ = router_losses(stats, config.num_experts_per_tok)
+    full = np.concatenate([np.repeat(prompts, g, 0), np.asarray(r.tokens)], 1)
+    full_mask = np.concatenate([np.repeat(pmask, g, 0), np.asarray(r.mask)], 1)
+    counted = np.concatenate([np.zeros_like(np.repeat(pmask, g, 0)), np.asarray(r.mask)], 1)  # completions only
+    with torch.no_grad():
+        out = model(input_ids=torch.as_tensor(full, dtype=torch.long), attention_mask=torch.as_tensor(full_mask),
+                    position_ids=torch.as_tensor(np.maximum(np.cumsum(full_mask, -1) - 1, 0), dtype=torch.long),
+                    output_router_logits=True)
+        hf = float(load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok,
+                                            torch.as_tensor(counted)))
+    np.testing.assert_allclose(np.asarray(logp)[np.asarray(r.mask) > 0], np.asarray(r.logprobs)[np.asarray(r.mask) > 0],
+                               atol=1e-5)
+    np.testing.assert_allclose(float(balance), hf, rtol=1e-5)
+    assert (np.asarray(r.routes) < 0).any()  # the never-fed last tokens carry no route
 
 
 @pytest.mark.parametrize("change,message", [

@@ -127,3 +127,89 @@ def test_supervised_config_errors(fields, message):
     c = small_config(fields.pop("algo", "gkd"), **{"teacher.path": "t"})
     with pytest.raises(ValueError, match=message):
         config_lib.prepare(config_lib.from_dict(fields, c))
+
+
+def _mixed_batch(rng, supervised, G=2, T=5):
+    """A scored batch of len(supervised) prompts x G rows, right-padded completions; the rows of the
+    supervised prompts carry `supervised` 1 and sampler log-probs 0 (trainer/supervised.py)."""
+    n = len(supervised) * G
+    lengths = rng.integers(2, T + 1, n)
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    sup = np.repeat(np.asarray(supervised, np.float32), G)
+    logp = np.where(mask > 0, -rng.uniform(0.1, 3.0, (n, T)), 0.0).astype(np.float32)
+    return {"scores": rng.uniform(0, 1, n).astype(np.float32), "mask": mask, "loss_mask": mask.copy(),
+            "behavior_logp": logp * (1 - sup[:, None]), "old_logp": logp,
+            "sampler_logp": logp * (1 - sup[:, None]),
+            "ref_logp": np.where(mask > 0, -rng.uniform(0.1, 3.0, (n, T)), 0.0).astype(np.float32),
+            "teacher_logp": np.where(mask > 0, -rng.uniform(0.1, 3.0, (n, T)), 0.0).astype(np.float32),
+            "old_values": rng.normal(size=(n, T)).astype(np.float32) * mask, "supervised": sup}
+
+
+def _rows(b, rows):
+    return {k: v[rows] for k, v in b.items() if k != "supervised"}
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo_batch_std", "reinforce_pp"])
+def test_supervised_rows_stay_out_of_every_statistic_of_the_on_policy_rows(algo):
+    """Against the same objective on the on-policy rows alone (no supervised row in the batch): the
+    advantages, returns, KL statistics, policy and value losses, their gradients and metrics of the
+    on-policy rows are the same, whatever the supervised rows' scores, values and log-probs; the divergence
+    alone trains the supervised rows, averaged over every loss token."""
+    from jaxrl_llm.rl import Objective
+    G = 2
+    common = dict(group_size=G, distill="gkd", entropy_coef=0.01)
+    objective = {"ppo": Objective(estimator="gae", whiten=True, aggregate="token-mean", kl_coef=0.05,
+                                  kl_estimator="k1", kl_placement="reward", value=True, **common),
+                 "grpo_batch_std": Objective(scale="batch", kl_coef=0.04, **common),
+                 "reinforce_pp": Objective(estimator="reinforce_pp", aggregate="token-mean", kl_coef=0.01,
+                                           kl_estimator="k1", kl_placement="reward", **common)}[algo]
+    rng = np.random.default_rng(0)
+    supervised = [False, True, False, True, True]
+    b = _mixed_batch(rng, supervised, G)
+    on = np.repeat(~np.asarray(supervised), G)
+    other = dict(b)  # the supervised rows' scores, values and log-probs changed
+    for k in ("scores", "old_values", "ref_logp", "old_logp", "teacher_logp"):
+        other[k] = np.where(on.reshape((-1,) + (1,) * (b[k].ndim - 1)), b[k], b[k] * 3.0 + 1.0).astype(np.float32)
+    alone = _rows(b, on)
+    n, T = b["mask"].shape
+    logp = (b["old_logp"] + rng.normal(0, 0.1, (n, T)) * b["mask"]).astype(np.float32)
+    ent = rng.uniform(0.5, 2, (n, T)).astype(np.float32)
+    values = rng.normal(size=(n, T)).astype(np.float32)
+    div = rng.uniform(0, 1, (n, T)).astype(np.float32)
+
+    def step(batch, logp, ent, values, div):
+        new, stats = objective.prepare(batch, 0.05)
+        mb = {**batch, **new}
+        den = objective.denominators(mb)
+
+        def loss(logp, values):
+            pl, aux = objective.policy_loss(logp, ent, mb, 0.05, den, divergence=div)
+            if objective.value:
+                vl, vaux = objective.value_loss(values, mb, den)
+                pl, aux = pl + vl, {**aux, **vaux}
+            return pl, aux
+        (l, aux), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(logp, values)
+        return new, stats, l, aux, grads
+
+    full = step(b, logp, ent, values, div)
+    moved = step(other, logp, ent, values, div)
+    ref = step(alone, logp[on], ent[on], values[on], np.zeros_like(div[on]))  # no divergence: the RL part alone
+    for got in (full, moved):
+        new, stats, _, aux, (g_logp, g_values) = got
+        np.testing.assert_allclose(np.asarray(new["adv"])[on], ref[0]["adv"], rtol=1e-5, atol=1e-6)
+        if objective.value:
+            np.testing.assert_allclose(np.asarray(new["returns"])[on], ref[0]["returns"], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(np.asarray(g_values)[on], ref[4][1], rtol=1e-5, atol=1e-7)
+            assert not np.asarray(g_values)[~on].any()  # no value target from a supervised row
+        for k in ref[1]:
+            np.testing.assert_allclose(float(stats[k]), float(ref[1][k]), rtol=1e-5, err_msg=k)
+        for k, v in ref[3].items():
+            if not k.startswith("distill/"):
+                np.testing.assert_allclose(np.asarray(aux[k]), np.asarray(v), rtol=1e-5, atol=1e-7, err_msg=k)
+        # the policy gradient of an on-policy token: the RL part (as alone) plus the divergence's, which
+        # is linear in `div` (d/dlogp of the gkd term is 0: the divergence is passed in as is)
+        np.testing.assert_allclose(np.asarray(g_logp)[on], ref[4][0], rtol=1e-5, atol=1e-7)
+        assert not np.asarray(g_logp)[~on].any()  # the surrogate, KL and entropy never reach a supervised row
+        jsd = float(np.sum(div * b["loss_mask"]) / np.sum(b["loss_mask"]))  # over every loss token
+        np.testing.assert_allclose(float(aux["distill/jsd"]), jsd, rtol=1e-6)
+    np.testing.assert_allclose(float(full[2]), float(moved[2]), rtol=1e-6)  # the loss itself

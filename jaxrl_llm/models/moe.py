@@ -13,6 +13,8 @@ dtype, and the experts' outputs summed with these weights.
 
 Routing replay: given the experts a token was routed to elsewhere (the sampler), `replay` (M,k) fixes the
 selection; the weights are still the softmax probabilities of those experts, so the router gets gradient.
+A token without a recorded route (ids < 0, `NO_ROUTE`: the samplers never feed a row's last drawn token)
+is routed afresh, never replayed as expert 0.
 """
 from __future__ import annotations
 
@@ -22,18 +24,21 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
 
+NO_ROUTE = -1  # a recorded route's id for a token the sampler never fed: `route` routes it afresh
+
 
 def route(config: ModelConfig, logits: jax.Array, replay: jax.Array | None = None):
     """logits (M,E) -> (weights (M,k), experts (M,k) int32, probs (M,E)), probabilities in float32 (float64
     under a float64 compute dtype, for the tests' references).
 
-    With `replay` (M,k) int the experts are those, not the top k of this pass's probabilities.
+    With `replay` (M,k) int the experts are those, not the top k of this pass's probabilities, except on
+    a token whose replayed ids are not all recorded (any < 0, `NO_ROUTE`): that one is routed afresh.
     """
     probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
-    if replay is None:
-        weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
-    else:
-        experts = replay.astype(jnp.int32)
+    weights, experts = jax.lax.top_k(probs, config.num_experts_per_tok)
+    if replay is not None:
+        recorded = jnp.all(replay >= 0, axis=-1, keepdims=True)  # (M,1)
+        experts = jnp.where(recorded, replay.astype(jnp.int32), experts)
         weights = jnp.take_along_axis(probs, experts, axis=-1)
     if config.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)

@@ -20,7 +20,9 @@ sampler drew from, `old_logp` (N,T) the proximal policy's (before this step's up
 unless recomputed), `ref_logp` (N,T) the reference's (with KL), `old_values`/`returns` (N,T) and
 `last_values` (N,) (value model), `process_rewards`/`process_mask` (N,T) (process rewards), and what
 `prepare` adds: `is_weights` (N,T), `adv` (N,) or (N,T). `supervised` (N,) 1/0 (gkd with distill.lmbda < 1,
-trainer/supervised.py): rows whose completion came from the dataset, trained by the divergence alone.
+trainer/supervised.py): rows whose completion came from the dataset, trained by the divergence alone and
+out of every statistic of the on-policy rows (`on_policy`): advantage whitening and batch std, the value
+loss, KL, entropy, their normalisers and metrics.
 """
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, LOG_RATIO_CLAMP, RAT
                                  aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
 
 KL_PLACEMENTS = ("loss", "reward")  # β·KL added to the loss (GRPO) or subtracted from token rewards (PPO)
+
+
+def on_policy(b, mask):
+    """`mask` (n,T) without GKD's supervised rows (`b["supervised"]` (n,) 1/0; `mask` itself when absent)."""
+    return mask * (1.0 - b["supervised"][:, None]) if "supervised" in b else mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +249,8 @@ class Objective:
         if sup is not None:
             weights, keep = jnp.where(sup, 1.0, weights), jnp.where(sup, 1.0, keep)
         loss_mask = b["loss_mask"] * keep
-        adv, returns, kl_stats = self.advantages({**b, "loss_mask": loss_mask}, kl_coef, seen)
+        # the estimators pool (whitening, a batch std) over the on-policy loss tokens alone
+        adv, returns, kl_stats = self.advantages({**b, "loss_mask": on_policy(b, loss_mask)}, kl_coef, seen)
         return ({"adv": adv, "returns": returns, "loss_mask": loss_mask, "is_weights": weights,
                  "seen_rows": seen_rows.astype(jnp.float32)}, {**stats, **kl_stats})
 
@@ -277,10 +285,13 @@ class Objective:
 
     def denominators(self, mb):
         """The normalisers of one optimizer step, over all its micro-batches (`mb` is the step's whole
-        minibatch): {'policy', 'value'[, 'nll']}."""
-        loss_mask = mb["loss_mask"]
-        den = {"policy": aggregate_denominator(loss_mask, self.aggregate, norm_length=self.norm_length),
-               "value": aggregate_denominator(loss_mask, "token-mean")}
+        minibatch): {'policy', 'value', 'tokens', 'distill'[, 'nll']}. The policy's and the value's are over
+        the on-policy loss tokens; the divergence's (`distill`, gkd) and `tokens` (every loss token: the
+        router's weights, the divergence's metric) count GKD's supervised rows too."""
+        loss_mask, rl_mask = mb["loss_mask"], on_policy(mb, mb["loss_mask"])
+        den = {"policy": aggregate_denominator(rl_mask, self.aggregate, norm_length=self.norm_length),
+               "value": aggregate_denominator(rl_mask, "token-mean"), "tokens": jnp.sum(loss_mask),
+               "distill": aggregate_denominator(loss_mask, self.aggregate, norm_length=self.norm_length)}
         if self.nll_coef > 0:
             den["nll"] = jnp.sum(self._nll_mask(mb))
         # Counts of tokens or rows, hence >= 1 unless the minibatch has no loss token, whose sums are 0:
@@ -289,8 +300,7 @@ class Objective:
 
     def _nll_mask(self, mb):
         """(n,T) the loss tokens of completions whose score reaches nll_threshold."""
-        m = mb["loss_mask"] * (1.0 - mb["supervised"][:, None]) if "supervised" in mb else mb["loss_mask"]
-        return m * (mb["scores"] >= self.nll_threshold)[:, None]
+        return on_policy(mb, mb["loss_mask"]) * (mb["scores"] >= self.nll_threshold)[:, None]
 
     def policy_loss(self, logp, entropy, mb, kl_coef, den, divergence=None):
         """Surrogate [+ β·KL in the loss] [− c_H·entropy] [+ NLL] of one micro-batch, over the step's
@@ -303,7 +313,7 @@ class Objective:
         gradient reaches the student), added as distill_coef·aggregate(divergence).
         """
         m = mb["loss_mask"]
-        mp = m * (1.0 - mb["supervised"][:, None]) if "supervised" in mb else m  # supervised rows: divergence only
+        mp = on_policy(mb, m)  # supervised rows: the divergence only
         pl, pm = policy_loss(
             logp, mb["old_logp"], mb["adv"], mp, ratio=self.ratio, surrogate=self.surrogate,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
@@ -318,15 +328,15 @@ class Objective:
                 kl = kl * lax.stop_gradient(ratio)
             loss = loss + kl_coef * aggregate_sum(kl, mp, self.aggregate) / den["policy"]
         if divergence is not None:
-            loss = loss + self.distill_coef * aggregate_sum(divergence, m, self.aggregate) / den["policy"]
+            loss = loss + self.distill_coef * aggregate_sum(divergence, m, self.aggregate) / den["distill"]
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate_sum(entropy, mp, self.aggregate) / den["policy"]
-        ntok = jnp.sum(m)
-        metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(m > 0, entropy, 0.0)), "ntok": ntok,
+        ntok = jnp.sum(mp)  # the "_sum" metrics are over the on-policy loss tokens
+        metrics = {"policy/loss": pl, "policy/entropy_sum": jnp.sum(jnp.where(mp > 0, entropy, 0.0)), "ntok": ntok,
                    **{f"policy/{k}_sum": v * ntok for k, v in pm.items() if k not in ("ratio_min", "ratio_max")},
                    "policy/ratio_min": pm["ratio_min"], "policy/ratio_max": pm["ratio_max"]}
-        if divergence is not None:
-            metrics["distill/jsd_sum"] = jnp.sum(jnp.where(m > 0, divergence, 0.0))
+        if divergence is not None:  # over every loss token, supervised rows too: micro-batch shares add up
+            metrics["distill/jsd"] = jnp.sum(jnp.where(m > 0, divergence, 0.0)) / den["tokens"]
         if self.nll_coef > 0:
             nll = -jnp.sum(jnp.where(self._nll_mask(mb) > 0, logp, 0.0)) / den["nll"]
             loss = loss + self.nll_coef * nll
@@ -340,24 +350,25 @@ class Objective:
 
     def router_loss(self, stats, top_k, mb, den):
         """aux_coef * load-balancing loss + z_coef * z-loss of one micro-batch (rl/router.py), weighted by
-        its share of the step's loss tokens so that micro-batches add up to their token-weighted mean
-        (with one micro-batch: the loss itself), and its metrics (`_sum`s weighted alike, the load max an
-        extreme)."""
+        its share of the step's loss tokens (every row is routed, supervised ones too) so that micro-batches
+        add up to their token-weighted mean (with one micro-batch: the loss itself), and its metrics
+        (weighted alike, the load max an extreme)."""
         balance, z, m = router_losses(stats, top_k)
-        ntok = jnp.sum(mb["loss_mask"])
-        loss = (self.router_aux_coef * balance + self.router_z_coef * z) * ntok / den["value"]
-        metrics = {f"{k}_sum": v * ntok for k, v in m.items() if k != "moe/expert_load_max"}
+        share = jnp.sum(mb["loss_mask"]) / den["tokens"]
+        loss = (self.router_aux_coef * balance + self.router_z_coef * z) * share
+        metrics = {k: v * share for k, v in m.items() if k != "moe/expert_load_max"}
         return loss, {**metrics, "moe/expert_load_max": m["moe/expert_load_max"]}
 
     def value_loss(self, values, mb, den):
         """Clipped value loss of one micro-batch (token-mean over the step's loss tokens) and metrics. The
         explained variance is returned as additive parts (`value/ev_parts`): micro-batches add them and
         `explained_variance` finishes it over the whole minibatch (a ratio of variances does not average)."""
-        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"], clip=self.value_clip,
+        mask = on_policy(mb, mb["loss_mask"])  # a supervised row has no return of the policy's
+        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=self.value_clip,
                             aggregate="token-mean", denominator=den["value"])
-        ntok = jnp.sum(mb["loss_mask"])
+        ntok = jnp.sum(mask)
         return vl, {"value/loss": vl, **{f"value/{k}_sum": v * ntok for k, v in vm.items() if k != "explained_var"},
-                    "value/ev_parts": explained_variance_parts(values, mb["returns"], mb["loss_mask"])}
+                    "value/ev_parts": explained_variance_parts(values, mb["returns"], mask)}
 
 
 def explained_variance_parts(values, returns, mask):

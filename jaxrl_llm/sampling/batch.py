@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_rows, decode_step, init_cache, prefill
+from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
 
 
@@ -45,7 +46,7 @@ class Rollout:
     mask (N,T) int32 -- 1 on generated tokens including the EOS;  lengths (N,) int32 = mask.sum(1);
     truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
     MoE models (both samplers): routes (L,N,T,k) int32 -- the experts token t was routed to when fed
-    (zeros for the last token, never fed); prompt_routes (L,N,P,k) those of the prompt tokens; else None.
+    (`models.moe.NO_ROUTE` for the last token, never fed); prompt_routes (L,N,P,k) those of the prompt tokens; else None.
     """
 
     tokens: jax.Array
@@ -142,7 +143,8 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     # prefix re-laid out once here, outside the loop.
     weights, prefix = decode_prepare(config, params, prefix_kv)
     cache = init_cache(config, n, t_max)
-    routes = jnp.zeros((config.num_layers, n, t_max, config.num_experts_per_tok), jnp.int32) if moe else None
+    # NO_ROUTE until fed: a row's last drawn token never is, and the trainer's replay routes it afresh
+    routes = jnp.full((config.num_layers, n, t_max, config.num_experts_per_tok), NO_ROUTE, jnp.int32) if moe else None
 
     def decode(state, until, kept=None):
         """Decode steps while a row is alive, until at most `until` are. kept None: all n rows in order

@@ -313,7 +313,7 @@ def batch_maker(c, rollouts, data, data_stats):
         local, first, info = rollouts.collect(params, rollout_key(rng, step - version), step)
         local["policy_version"] = np.full(len(local["scores"]), version, np.int32)
         m = report.data_metrics(data, data_stats)  # where the data stands after this batch
-        unreduced = ({k: first[k] for k in ("scores", "lengths", "truncated")},
+        unreduced = ({k: first[k] for k in ("scores", "lengths", "truncated", "supervised") if k in first},
                      {k: info[k] for k in ("reward_metrics", "rounds", "kept_groups") if k in info})
         return Produced(step, version, local, m, report.samples(info, first, c.log.num_samples, G),
                         info["sample_s"], info["gen_tokens"], unreduced=unreduced)

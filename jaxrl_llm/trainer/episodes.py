@@ -29,6 +29,7 @@ import numpy as np
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import envs
 from jaxrl_llm.data.padding import left_pad
+from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling import turns
 
 
@@ -140,7 +141,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
             return out
         # Cache slot j holds the episode's token j (turns.py's invariant): its experts are column j's.
         routes = dist.to_local(state.routes.transpose(1, 2, 0, 3))  # (N,C,L,k) rows first, C = T
-        routes = np.where(out.attention_mask[:, :, None, None] > 0, routes, 0)
+        routes = np.where(out.attention_mask[:, :, None, None] > 0, routes, NO_ROUTE)  # padding: none
         prompt_routes = dist.to_local(state.prompt_routes.transpose(1, 2, 0, 3))  # (this host's prompts,P,L,k)
         return dataclasses.replace(out, routes=routes.astype(np.int32), prompt_routes=prompt_routes)
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import metrics as metrics_lib
+from jaxrl_llm.rl.objective import on_policy
 
 
 def update_metrics(step_metrics: list[dict], b: dict, kl_stats: dict, kl_coef, recompute: bool,
@@ -43,18 +44,27 @@ def staleness_gap(b: dict) -> dict[str, float]:
     """`rollout/staleness/logp_gap`: max over the loss tokens of |proximal − behaviour| log-probs, the
     recomputed `old_logp` against the sampler's `sampler_logp` (full-distribution log-probs, as the
     proximal ones: no top-k/top-p); the policy's move over the batch's staleness, plus the sampler drift
-    that `sampler/logp_diff_max` bounds. 0 on a batch without loss tokens."""
-    gap = jnp.where(b["loss_mask"] > 0, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0.0)
+    that `sampler/logp_diff_max` bounds. 0 on a batch without loss tokens. GKD's supervised rows have
+    no sampler log-probs: not counted."""
+    gap = jnp.where(on_policy(b, b["loss_mask"]) > 0, jnp.abs(b["old_logp"] - b["sampler_logp"]), 0.0)
     return {"rollout/staleness/logp_gap": float(jnp.max(gap))}
 
 
 def rollout_metrics(first: dict, info: dict, G: int, dynamic_sampling: bool) -> dict[str, float]:
-    """Rewards and lengths of the step's first sampling round, over every process's rows."""
+    """Rewards and lengths of the step's first sampling round, over every process's rows: the policy's
+    rows; GKD's supervised rows (the dataset's completions, `first["supervised"]`) apart, in
+    `reward/supervised_mean` (and in the others only when no row was sampled, λ = 0)."""
     scores = dist.allgather_rows(first["scores"])
-    groups = scores.reshape(-1, G)
     lengths = dist.allgather_rows(first["lengths"]).astype(np.float64)
     truncated = dist.allgather_rows(first["truncated"])
-    m = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
+    extra = {}
+    if "supervised" in first:
+        sup = dist.allgather_rows(first["supervised"]) > 0
+        extra["reward/supervised_mean"] = float(scores[sup].mean()) if sup.any() else 0.0
+        if not sup.all():  # whole groups are supervised, so the groups of the rest stay whole
+            scores, lengths, truncated = scores[~sup], lengths[~sup], truncated[~sup]
+    groups = scores.reshape(-1, G)
+    m = {**extra,"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
          "reward/frac_zero_std": float(np.mean(groups.std(axis=1) == 0)) if G > 1 else 0.0,
          "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
          "response_length/min": float(lengths.min()), "response_length/clip_ratio": float(truncated.mean())}

@@ -64,6 +64,11 @@ def attended(b):
     return b.get("attention_mask", b["mask"])
 
 
+def without_routes(b):
+    """The batch without the sampler's recorded MoE routes: a teacher (another model) routes its own tokens."""
+    return {k: v for k, v in b.items() if k not in ("routes", "prompt_routes")}
+
+
 def _layers_first(routes):
     """MoE routing replay: a batch's routes (rows, tokens, L, k) as the Decoder takes them, (L, rows, tokens, k);
     None (no routes: a dense model, or replay off) stays None."""
@@ -85,7 +90,9 @@ def logp_of(mc: ModelConfig, params, b, temperature, with_entropy=False, pack=No
                                routes=_layers_first(b.get("routes")), router_stats=router_stats)
     hidden, stats = hidden if router_stats else (hidden, None)
     out = logprobs_from_hidden(mc, params, hidden, b["tokens"], temperature, with_entropy=with_entropy)
-    return (*out, stats) if router_stats else out
+    if not router_stats:
+        return out
+    return (*out, stats) if with_entropy else (out, stats)  # a bare (N,T) array is not unpacked by rows
 
 
 def values_of(mc: ModelConfig, vparams, b, pack=None, pack_length=0, last=False):
@@ -156,8 +163,9 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: Mod
         out, packing = {}, {"pack": pack, "pack_length": plan.pack_length}
         if objective.uses_ref:
             out["ref_logp"] = logp_of(mc, ref_params, b, plan.temperature, **packing)
-        if objective.uses_teacher:  # the teacher reads the student's token ids
-            out["teacher_logp"] = jnp.where(b["mask"] > 0, logp_of(tmc, teacher, b, plan.temperature, **packing), 0.0)
+        if objective.uses_teacher:  # the teacher reads the student's token ids, routing them itself (MoE)
+            out["teacher_logp"] = jnp.where(b["mask"] > 0, logp_of(tmc, teacher, without_routes(b), plan.temperature,
+                                                                   **packing), 0.0)
         if objective.value and objective.bootstrap_truncated:
             values = values_of(mc, state.value_params, b, last=True, **packing)
             out["old_values"] = jnp.where(b["mask"] > 0, values[:, :-1], 0.0)
@@ -187,6 +195,101 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: Mod
     return score
 
 
+def micro_batch_loss(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None, router: bool,
+                     params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
+    """(loss, metrics) of one micro-batch `mb`: policy (+ value) [+ router] loss, normalized by the whole
+    minibatch's denominators `den`, and `logp_diff_max` (trainer against sampler on the scored rows)."""
+    packing, div, stats = {"pack": pack, "pack_length": plan.pack_length}, None, ()
+    # router sums come unpacked only (validation refuses a router loss with packing)
+    if objective.distill == "gkd":
+        logp, ent, div, *stats = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
+                                                plan.temperature, dropout_rng, router_stats=router, **packing)
+    else:
+        logp, ent, *stats = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
+                                    dropout_rng=dropout_rng, router_stats=router, **packing)
+    loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den, divergence=div)
+    if stats:
+        rl_, raux = objective.router_loss(stats[0], mc.num_experts_per_tok, mb, den)
+        loss, aux = loss + rl_, {**aux, **raux}
+    seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
+    aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
+    if objective.value:
+        vl, vaux = objective.value_loss(values_of(mc, vparams, mb, **packing), mb, den)
+        loss, aux = loss + vl, {**aux, **vaux}
+    return loss, aux
+
+
+def accumulate(objective: Objective, plan: UpdatePlan, mc: ModelConfig, loss_fn, train_policy: bool, state, b, pidx,
+               pack, base, teacher):
+    """((loss, gradients, summed metrics), extremes (grad_accum,) each, empty) of the prompts `pidx`:
+    `loss_fn` (`micro_batch_loss`'s arguments from params on) over `grad_accum` micro-batches, each
+    normalized by the whole minibatch's denominators, so that the sums are the minibatch's; `empty` when
+    the minibatch has no loss token. `pack`: None, or the micro-batches' packing plans (leading axis
+    grad_accum)."""
+    mb = minibatch(b, pidx, plan.group_size)
+    den = objective.denominators(mb)
+    # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1) if train_policy else (1,), has_aux=True)
+
+    def one(xs):
+        p, pk = xs
+        # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
+        key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
+        (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
+                                     minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
+        summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
+        return (loss, grads, summed), {k: aux[k] for k in _EXTREMES if k in aux}
+
+    micro = (pidx.reshape(plan.grad_accum, -1), pack)
+    acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
+    if plan.grad_accum > 1:
+        def body(acc, xs):
+            out, ext = one(xs)
+            return jax.tree_util.tree_map(jnp.add, acc, out), ext
+        acc, more = jax.lax.scan(body, acc, jax.tree_util.tree_map(lambda x: x[1:], micro))
+        extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
+    return acc, extremes, jnp.sum(mb["loss_mask"]) == 0
+
+
+def apply_if(ok, tx, value_tx, train_policy: bool, with_value: bool, state, g, vg):
+    """(params, opt_state, value_params, value_opt_state) after one optimizer step of the policy (when
+    train_policy) and of the value model (when with_value) with gradients g, vg, when `ok`; as they are
+    otherwise. A conditional, not a select of new and old values: with the select XLA computed the new
+    parameters from the old moments after updating them in place, so it copied both moments first (two
+    parameter-sized temporaries: the update's temporaries at Qwen2.5-0.5B's shape 5.07 -> 3.68 GiB)."""
+    def step(trained):
+        params, opt_state, value_params, value_opt_state = trained
+        if train_policy:
+            updates, opt_state = tx.update(g, opt_state, params)
+            params = optax.apply_updates(params, updates)
+        if with_value:
+            vupdates, value_opt_state = value_tx.update(vg, value_opt_state, value_params)
+            value_params = optax.apply_updates(value_params, vupdates)
+        return params, opt_state, value_params, value_opt_state
+
+    trained = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+    return jax.lax.cond(ok, step, lambda t: t, trained)
+
+
+def step_metrics(aux: dict, extremes: dict, gnorm, finite, empty, lr, nonfinite) -> dict:
+    """The step's metrics: `aux`'s token-weighted sums ("<name>_sum") back to per-token means over its
+    `ntok`, the other entries as they are, the extremes over the micro-batches, and the step's own figures."""
+    metrics = {}
+    if "value/ev_parts" in aux:  # over the whole minibatch, whatever grad_accum
+        metrics["value/explained_var"] = explained_variance(aux.pop("value/ev_parts"))
+    ntok = jnp.maximum(aux.pop("ntok"), 1.0)
+    for k, v in aux.items():
+        metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
+    rmin, rmax, diff = (extremes.pop(k) for k in _EXTREMES[:3])
+    metrics.update({"policy/grad_norm": gnorm, "policy/ratio_min": jnp.min(rmin), "policy/ratio_max": jnp.max(rmax),
+                    "sampler/logp_diff_max": jnp.max(diff), "lr": lr,
+                    "train/skipped_updates": (~finite & ~empty).astype(jnp.float32),
+                    "train/empty_updates": empty.astype(jnp.float32),
+                    "train/nonfinite_streak": nonfinite.astype(jnp.float32),
+                    **{k: jnp.max(v) for k, v in extremes.items()}})  # the MoE load max
+    return metrics
+
+
 def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_policy: bool = True,
                 tmc: ModelConfig | None = None):
     """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
@@ -197,55 +300,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
                          f"(model_type {mc.model_type} has no experts); expected 0")
     tx, schedule = plan.optimizer.build()
     value_tx, _ = plan.value_optimizer.build()
-
-    def losses(params, vparams, kl_coef, mb, den, pack, base, teacher, dropout_rng):
-        """Policy (+ value) [+ router] loss of one micro-batch, normalized by the whole minibatch's denominators."""
-        packing, div, stats = {"pack": pack, "pack_length": plan.pack_length}, None, ()
-        # router sums come unpacked only (validation refuses a router loss with packing)
-        if objective.distill == "gkd":
-            logp, ent, div, *stats = gkd_divergence(mc, tmc, objective, lora.join(base, params), teacher, mb,
-                                                    plan.temperature, dropout_rng, router_stats=router, **packing)
-        else:
-            logp, ent, *stats = logp_of(mc, lora.join(base, params), mb, plan.temperature, with_entropy=True,
-                                        dropout_rng=dropout_rng, router_stats=router, **packing)
-        loss, aux = objective.policy_loss(logp, ent, mb, kl_coef, den, divergence=div)
-        if stats:
-            rl_, raux = objective.router_loss(stats[0], mc.num_experts_per_tok, mb, den)
-            loss, aux = loss + rl_, {**aux, **raux}
-        seen = mb["mask"] * mb["seen_rows"][:, None] if "seen_rows" in mb else mb["mask"]  # unscored rows: logp 0
-        aux["logp_diff_max"] = jnp.max(jnp.where(seen > 0, jnp.abs(logp - mb["sampler_logp"]), 0.0))
-        if objective.value:
-            vl, vaux = objective.value_loss(values_of(mc, vparams, mb, **packing), mb, den)
-            loss, aux = loss + vl, {**aux, **vaux}
-        return loss, aux
-
-    def gradients(state, b, pidx, pack, base, teacher):
-        """Loss, gradients and metrics of the prompts `pidx`, summed over `grad_accum` micro-batches
-        (each normalized by the whole minibatch's denominator, so the sums are the minibatch's).
-        `pack`: None, or the micro-batches' packing plans (leading axis grad_accum)."""
-        mb = minibatch(b, pidx, plan.group_size)
-        den = objective.denominators(mb)
-        # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
-        grad_fn = jax.value_and_grad(losses, argnums=(0, 1) if train_policy else (1,), has_aux=True)
-
-        def one(xs):
-            p, pk = xs
-            # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
-            key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
-            (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                         minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
-            summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
-            return (loss, grads, summed), {k: aux[k] for k in _EXTREMES if k in aux}
-
-        micro = (pidx.reshape(plan.grad_accum, -1), pack)
-        acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
-        if plan.grad_accum > 1:
-            def body(acc, xs):
-                out, ext = one(xs)
-                return jax.tree_util.tree_map(jnp.add, acc, out), ext
-            acc, more = jax.lax.scan(body, acc, jax.tree_util.tree_map(lambda x: x[1:], micro))
-            extremes = jax.tree_util.tree_map(lambda a, m: jnp.concatenate([a[None], m]), extremes, more)
-        return acc, extremes, jnp.sum(mb["loss_mask"]) == 0
+    loss_fn = functools.partial(micro_batch_loss, objective, plan, mc, tmc, router)
 
     def update(state, b, pidx, pack=None, base=None, teacher=None):
         """One optimizer step on the prompts `pidx`; skipped whole when the loss or a gradient is not finite
@@ -253,48 +308,24 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         update: DAPO kept no group, every row masked; it carries no gradient, and even a zero gradient
         would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
-        (loss, grads, aux), extremes, empty = gradients(state, b, pidx, pack, base, teacher)
-        rmin, rmax, diff = (extremes.pop(k) for k in _EXTREMES[:3])
+        (loss, grads, aux), extremes, empty = accumulate(objective, plan, mc, loss_fn, train_policy, state, b, pidx,
+                                                         pack, base, teacher)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        metrics = {}
+        value_norm = {}
         if objective.value:
-            metrics["value/grad_norm"] = optax.global_norm(vg)
-            finite = finite & jnp.isfinite(metrics["value/grad_norm"])
+            value_norm["value/grad_norm"] = optax.global_norm(vg)
+            finite = finite & jnp.isfinite(value_norm["value/grad_norm"])
         ok = finite & ~empty
-
-        def step(trained):
-            params, opt_state, value_params, value_opt_state = trained
-            if train_policy:
-                updates, opt_state = tx.update(g, opt_state, params)
-                params = optax.apply_updates(params, updates)
-            if objective.value:
-                vupdates, value_opt_state = value_tx.update(vg, value_opt_state, value_params)
-                value_params = optax.apply_updates(value_params, vupdates)
-            return params, opt_state, value_params, value_opt_state
-
-        # A conditional, not a select of new and old values: with the select XLA computed the new
-        # parameters from the old moments after updating them in place, so it copied both moments first
-        # (two parameter-sized temporaries: the update's temporaries at Qwen2.5-0.5B's shape 5.07 -> 3.68 GiB).
-        trained = (state.params, state.opt_state, state.value_params, state.value_opt_state)
-        params, opt_state, value_params, value_opt_state = jax.lax.cond(ok, step, lambda t: t, trained)
+        params, opt_state, value_params, value_opt_state = apply_if(ok, tx, value_tx, train_policy, objective.value,
+                                                                    state, g, vg)
         new_state = state.replace(
             params=params, opt_state=opt_state, value_params=value_params, value_opt_state=value_opt_state,
             opt_step=state.opt_step + (ok & train_policy).astype(jnp.int32),
             nonfinite=jnp.where(empty, state.nonfinite, jnp.where(finite, 0, state.nonfinite + 1)))
-        if "value/ev_parts" in aux:  # over the whole minibatch, whatever grad_accum
-            metrics["value/explained_var"] = explained_variance(aux.pop("value/ev_parts"))
-        ntok = jnp.maximum(aux.pop("ntok"), 1.0)
-        for k, v in aux.items():  # "<name>_sum" are sums weighted by tokens: back to per-token means
-            metrics[k[:-4] if k.endswith("_sum") else k] = v / ntok if k.endswith("_sum") else v
-        metrics.update({"policy/grad_norm": gnorm, "policy/ratio_min": jnp.min(rmin),
-                        "policy/ratio_max": jnp.max(rmax), "sampler/logp_diff_max": jnp.max(diff),
-                        "lr": schedule(state.opt_step), "train/skipped_updates": (~finite & ~empty).astype(jnp.float32),
-                        "train/empty_updates": empty.astype(jnp.float32),
-                        "train/nonfinite_streak": new_state.nonfinite.astype(jnp.float32),
-                        **{k: jnp.max(v) for k, v in extremes.items()}})  # the MoE load max
-        return new_state, metrics
+        metrics = step_metrics(aux, extremes, gnorm, finite, empty, schedule(state.opt_step), new_state.nonfinite)
+        return new_state, {**value_norm, **metrics}
     return update
 
 

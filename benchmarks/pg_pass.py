@@ -3,7 +3,8 @@
 8192 (one row of 8192 there), for each `model.attention`; then packed vs padded rows on a heavy-tailed
 batch of lengths (the trainer's update pass, `models.packing`).
 
-    python benchmarks/pg_pass.py                   # CPU, float32: the tables of docs/benchmarks.md
+    python benchmarks/pg_pass.py                   # CPU, float32 (docs/benchmarks.md, "The policy-gradient
+                                                   # pass at long T, and sequence packing")
     python benchmarks/pg_pass.py --toy             # seconds: keeps the script from rotting (tests)
 
 GFLOP/s: model FLOPs only, 3x the forward (forward + backward), the forward being 2 FLOPs per weight per

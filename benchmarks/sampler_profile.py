@@ -4,9 +4,9 @@ checkpoint: the old code (by default revision eb19df0, before the rewrite of com
 
     python benchmarks/sampler_profile.py                          # ~3M and ~30M models, B=64, 32 + 64 tokens
     python benchmarks/sampler_profile.py --old-rev HEAD           # the working tree's change against HEAD
-    python benchmarks/sampler_profile.py --old-rev 328ae12 --out docs/benchmarks.md \
-        --block sampler-profile-kT-results --plot docs/sampler_profile_kT.png  # docs section 5b
-    python benchmarks/sampler_profile.py --out docs/benchmarks.md # refresh its block + docs/sampler_profile.png
+    python benchmarks/sampler_profile.py --old-rev 328ae12 --out docs/benchmarks_history.md \
+        --block sampler-profile-kT-results --plot docs/sampler_profile_kT.png  # "The decode step's attention and RoPE"
+    python benchmarks/sampler_profile.py --out docs/benchmarks_history.md # its block + docs/sampler_profile.png
     python benchmarks/sampler_profile.py --toy                    # seconds: keeps the script from rotting
 
 What is measured, for each model size, in rows N = B = 64, a 32-token prompt and a 64-slot cache:

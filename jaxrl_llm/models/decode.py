@@ -20,8 +20,8 @@ def weights_on_left() -> bool:
     """Whether the decode step multiplies with the weights as the matmul's left operand, (out, in) @ x.T,
     rather than x @ (in, out). With the 16-64 rows of a decode step, XLA:CPU's matmul runs 1.2-1.7x faster
     that way (Qwen2.5-0.5B's shape: its MLP 100 -> 70 ms and its LM head 49 -> 29 ms per step at 16 rows);
-    the multi-token passes, with hundreds of rows, run no faster (docs/benchmarks.md, "The decode's matmuls
-    with the weights on the left"). Measured on CPU only; other backends keep x @ W."""
+    the multi-token passes, with hundreds of rows, run no faster (docs/benchmarks_history.md, "The decode's
+    matmuls with the weights on the left"). Measured on CPU only; other backends keep x @ W."""
     return jax.default_backend() == "cpu"
 
 
@@ -96,7 +96,8 @@ def attend_step(q, cache_k, cache_v, index, prefix_k, prefix_v, prefix_mask, sca
 
     Keys are stored transposed because the products are many tiny batched matrix products (one per row
     and KV head) and XLA:CPU's batched dot repacks a transposed right-hand side for every batch element:
-    q.K^T over (T,hd) keys cost 2-3x the (hd,T) layout's product here (docs/benchmarks.md).
+    q.K^T over (T,hd) keys cost 2-3x the (hd,T) layout's product here (docs/benchmarks_history.md, "The decode
+    step's attention and RoPE").
     """
     n, kvh, r, hd = q.shape
     b, _, _, p = prefix_k.shape

@@ -209,7 +209,7 @@ def completion_hidden(config: ModelConfig, params, prompts, prompt_mask, complet
 # for 2-3 s more compile once (a rerun reads it from the compilation cache). Models with small layers keep
 # the scan: compilation grows with the layer count. Unrolling holds the copy of the layer weights for the
 # duration of the call (bounded below). Measured on CPU only; other backends keep the small-model rule.
-# docs/benchmarks.md ("The sampler at Qwen2.5-0.5B's shape" and the section after it).
+# docs/benchmarks_history.md ("The sampler at Qwen2.5-0.5B's shape" and the section after it).
 DECODE_UNROLL_MAX_LAYERS = 8  # small models unroll, on every backend ...
 DECODE_UNROLL_MAX_BYTES = 256 * 2 ** 20  # ... up to this many bytes of layer weights
 DECODE_UNROLL_CPU_LAYER_BYTES = 8 * 2 ** 20  # on CPU, deeper models unroll when their layers average this much
@@ -301,7 +301,7 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     x = nn.with_logical_constraint(embed(c, params["embed"], tokens), ("batch", "act_embed"))
     # The barrier materializes cos/sin once per step: otherwise XLA fuses these transcendentals into every
     # layer's q and k fusions and evaluates them once per head element (~0.34 ms per layer of a 30M model
-    # on CPU, 10x the rotation itself; docs/benchmarks.md section 5b).
+    # on CPU, 10x the rotation itself; docs/benchmarks_history.md, "The decode step's attention and RoPE").
     cos, sin = rope_cos_sin(c, positions[:, None])
     if c.local_rope is not None:  # (2,N,1,hd): global then local (Gemma 3)
         cos_l, sin_l = rope_cos_sin(c, positions[:, None], local=True)

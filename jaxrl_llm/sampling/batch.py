@@ -158,7 +158,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
 
         def body(state):
             t, tokens, logprobs, mask, done, cache, token, seen, routes = state
-            with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks.md)
+            with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks_history.md)
                 hidden, cache, *experts = decode_step(config, params, weights, token, at + t, cache, t, pre,
                                                       pre_mask, return_routes=moe)
             with jax.named_scope("lm_head"):

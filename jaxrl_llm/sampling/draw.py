@@ -2,7 +2,8 @@
 
 One uniform per row inverts the CDF of softmax(logits / temperature) (`categorical`), instead of
 Gumbel-max's V random numbers per row; greedy is an argmax. Both are exact; on CPU they cut the per-token
-cost of drawing from more than the whole decoder's to a few percent (docs/benchmarks.md).
+cost of drawing from more than the whole decoder's to a few percent (docs/benchmarks_history.md, "Profile of the
+slowest stage").
 """
 from __future__ import annotations
 

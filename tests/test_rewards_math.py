@@ -121,6 +121,46 @@ def test_table_is_large_and_covers_both_outcomes():
     assert {c[2] for c in CASES} == {0.0, 1.0, None}
 
 
+# `\log_b x`, `\log_{b} x`, `\ln x`, `\log x` (base 10) evaluated, on either side.
+LOGARITHMS = [
+    (r"\boxed{\log_2 8}", "3", 1.0),
+    (r"\boxed{\log_2 16}", "3", 0.0),
+    (r"\boxed{\log_{2} 8}", "3", 1.0),
+    (r"\boxed{\log_2(8)}", "3", 1.0),
+    (r"\boxed{\log_3 8}", "3", 0.0),
+    (r"\boxed{\log 1000}", "3", 1.0),
+    (r"\boxed{\ln 8}", "3", 0.0),
+    (r"\boxed{\log_{10} 40 + \log_{10} 25}", "3", 1.0),
+    (r"\boxed{\log_2 \frac{1}{8}}", "-3", 1.0),
+    (r"\boxed{\log_2 2^{10}}", "10", 1.0),
+    (r"\boxed{\log_4 2}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{2\log_2 3}", r"\log_2 9", 1.0),
+    (r"\boxed{\log_2 10}", r"\log_2 9", 0.0),
+    (r"\boxed{3}", r"\log_2 8", 1.0),
+    (r"\boxed{4}", r"\log_2 8", 0.0),
+    (r"\boxed{\log_2 8 \text{ or } \log_2 16}", "3", 0.0),
+    (r"\boxed{\log_2 8} \boxed{\log_2 16}", "4", 0.0),
+    (r"\boxed{\log_{2} x}", r"\frac{\ln x}{\ln 2}", 1.0),
+    (r"\boxed{\log_{11} x}", r"\frac{\ln x}{\ln 11}", 1.0),
+    (r"\boxed{\log_{a^2} x}", r"\frac{\ln x}{\ln a^2}", 1.0),
+    (r"\boxed{\log x}", r"\frac{\ln x}{\ln 10}", 1.0),
+    (r"\boxed{\ln x}", r"\log x", 0.0),
+    (r"\boxed{\ln\left(x-1\right)}", r"\ln(x-1)", 1.0),
+    (r"\boxed{\log_2 x}", r"\log_3 x", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", LOGARITHMS)
+def test_logarithms_are_evaluated(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+def test_a_function_keeps_its_argument_from_the_unit_stripper():
+    assert normalize_answer(r"\log_{2} x") == r"\log_{2} x"
+    assert normalize_answer(r"\sin^2 x") == r"\sin^2 x"
+    assert normalize_answer(r"\log_2 8 \text{ bits}") == r"\log_2 8"
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -11,11 +11,12 @@ with different values; a last sentence offering alternatives.
 How it is judged (`scoring`): a plain-number reference by exact rationals in pure Python (the fast
 path; `1/2 = 0.5`, `3.0 = 3`, a decimal rounding a non-terminating rational, thousands separators,
 decimal commas, `a \\times 10^b`, units); a
-scalar expression by sympy; a set, interval, tuple, matrix, system, equation, inequality, choice or
-text as that structure (`structures`). math-verify judges every non-numeric reference too; where our
-judge cannot read the reference its verdict is used, and disagreements are reported as the metric
-`reward/math_answer/judge_disagreement`. Sympy and math-verify run in a worker process under a hard
-time limit (`worker`): sympy can run for ever and only killing a process stops C-level work.
+scalar expression by sympy (`\\log_2 8` is 3); a set, interval, tuple, matrix, system, equation,
+inequality, choice or text as that structure (`structures`). math-verify judges every non-numeric
+reference too; where our judge cannot read the reference its verdict is used, and disagreements are
+reported as the metric `reward/math_answer/judge_disagreement`. Sympy and math-verify run in a
+worker process under a hard time limit (`worker`): sympy can run for ever and only killing a process
+stops C-level work.
 """
 
 from __future__ import annotations

@@ -121,6 +121,63 @@ def test_table_is_large_and_covers_both_outcomes():
     assert {c[2] for c in CASES} == {0.0, 1.0, None}
 
 
+# A chat end-of-turn marker (or any special token) closing the completion, and a hallucinated next
+# turn after it: the answer is what the turn said before it. A marker never joins text around it.
+CHAT_MARKERS = [
+    ("The answer is 42.<|im_end|>", "42", 1.0),
+    ("The answer is 42<|im_end|><|endoftext|><|endoftext|>", "42", 1.0),  # padding after the end
+    ("The answer is 42.<|eot_id|>", "42", 1.0),
+    ("The answer is 42.</s>", "42", 1.0),
+    ("The answer is 42<end_of_turn>\n<eos>", "42", 1.0),
+    ("The answer is 42.<|end|>", "42", 1.0),
+    ("The answer is 42 <eos>", "42", 1.0),
+    ("The answer is 42.<|end_of_solution|>", "42", 1.0),  # any trailing `<|...|>` token
+    ("The answer is 42.<｜end▁of▁sentence｜>", "42", 1.0),
+    ("<|im_start|>assistant\nThe answer is 42.<|im_end|>", "42", 1.0),  # a template's header first
+    ("The answer is 41.<|im_end|>", "42", 0.0),
+    ("The answer is 4<|im_end|>2", "42", 0.0),  # a marker inside a number joins nothing
+    ("The answer is 4<|im_end|>2", "4", 0.0),
+    (r"\boxed{4<|eot_id|>2}", "42", 0.0),
+    (r"\boxed{4<|eot_id|>2}", "4", 0.0),
+    ("The answer is 42 or 43.<|im_end|>", "42", 0.0),  # a hedge stays a hedge
+    (r"\boxed{41} \boxed{42}<|im_end|>", "42", 0.0),
+    (r"\boxed{41}<|im_end|>\boxed{42}", "42", 0.0),  # only the turn before the marker counts
+    ("The answer is 42.<|im_end|>\n<|im_start|>user\nAnd 6 * 7 + 1?<|im_end|>\n<|im_start|>assistant\n"
+     "The answer is 43.<|im_end|>", "42", 1.0),
+    ("The answer is 42.<|im_end|>\n<|im_start|>user\nAnd 6 * 7 + 1?<|im_end|>\n<|im_start|>assistant\n"
+     "The answer is 43.<|im_end|>", "43", 0.0),
+    # What real completions that ran on into invented turns end with.
+    (r"So $b = \boxed{\frac{5}{3}}$. Final Answer: The final answer is $\frac{5}{3}$. I hope it is correct. "
+     r"<|im_start|>userYes, that is correct. <|im_start|>}userI have another problem. Solve $2^{4x} = 2^{32}$. "
+     r"Solution: <|im_start|>assistantWe find $x = \boxed{8}$. Final Answer: The final answer is $8$. I hope it "
+     r"is correct.", "$5/3$", 1.0),
+    (r"So $b = \boxed{\frac{5}{3}}$. Final Answer: The final answer is $\frac{5}{3}$. I hope it is correct. "
+     r"<|im_start|>userYes, that is correct. <|im_start|>}userI have another problem. Solve $2^{4x} = 2^{32}$. "
+     r"Solution: <|im_start|>assistantWe find $x = \boxed{8}$. Final Answer: The final answer is $8$. I hope it "
+     r"is correct.", "8", 0.0),
+    ("$85 + (-67) + 12,\\!000,\\!003 + (-3) = 12,\\!000,\\!023$. Final Answer: The final answer is 12,000,023. "
+     "I hope it is correct. <|im_start|>user", "12000023", 1.0),
+    ("Therefore, there are 12 distinct arithmetic sequences that meet the three given conditions. I hope it is "
+     "correct. <|im_start|>user", "$12$", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", CHAT_MARKERS)
+def test_chat_markers_end_the_answer(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+def test_within_turn_cuts_at_the_first_marker_after_text():
+    from jaxrl_llm.rewards.math.turns import within_turn
+
+    header = "<|im_start|>assistant\n"
+    assert within_turn(header + "It is 4.<|im_end|>\n<|im_start|>user\nAnd?") == header + "It is 4."
+    assert within_turn("It is 4. <|end_of_solution|> <|endoftext|>\n") == "It is 4."
+    assert within_turn("It is 4<|im_end|>2.") == "It is 4<|im_end|>2."  # inside a token: no turn ends there
+    assert within_turn("It is <|im_end|>") == "It is"
+    assert within_turn("no markers <b>4</b>") == "no markers <b>4</b>"
+
+
 # `\log_b x`, `\log_{b} x`, `\ln x`, `\log x` (base 10) evaluated, on either side.
 LOGARITHMS = [
     (r"\boxed{\log_2 8}", "3", 1.0),
@@ -216,6 +273,8 @@ def test_math_answer_reward_columns():
         "#### 5\n" * 20000,
         "The answer is " * 20000,
         "1 or " * 20000,
+        "<|im_end|>" * 20000,  # markers with no text before them: nothing to cut at
+        "8" + "<|end_of_solution|>" * 20000,  # trailing special tokens, dropped one by one
     ],
 )
 def test_degenerate_completions_stay_fast(completion):

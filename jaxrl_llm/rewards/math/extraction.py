@@ -12,11 +12,13 @@ The counted answer, in order of preference (docs/rewards.md has the same list):
    segment or number;
 4. else the last `$...$`/`\\(...\\)`/`\\[...\\]` segment when nothing but punctuation follows it; for a
    structured reference, the last math segment or bracketed group with a comma; else the last number.
-After a `</think>`, only the text after it is read when it holds an answer (the reasoning before it
-is scratch work). Declared answers are every box, every `####` line and every answer phrase stating
-a plain number after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after
-one no longer counts. Whether the declared answers agree, or the counted one hedges (`18 or 19`), is
-judged by the caller.
+The completion ends at the first chat end-of-turn or start-of-turn marker after its text
+(`<|im_end|>`, `</s>`, ...), trailing special tokens dropped. After a `</think>`, only the text after
+it is read when it holds an answer (the reasoning before it is scratch work). Declared answers are
+every box, every `####` line and every answer phrase stating a plain number after the last
+self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after one no longer
+counts. Whether the declared answers agree, or the counted one hedges (`18 or 19`), is judged by the
+caller.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from jaxrl_llm.rewards.math.braces import matching_braces
+from jaxrl_llm.rewards.math.turns import within_turn
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\b")
 _BOX_TOKEN = re.compile(r"[^\s{}$]+")
@@ -84,6 +87,7 @@ class FinalAnswer:
 
 def final_answer(text: str, *, structured: bool = False, join: bool = False) -> FinalAnswer:
     """The final answer of a completion by the rules of this module's docstring."""
+    text = within_turn(text)
     if "</think>" in text:  # reasoning, then the answer: what the answer part declares counts alone
         answer = final_answer(text[text.rfind("</think>") + 8 :], structured=structured, join=join)
         if answer.text is not None:

@@ -178,6 +178,44 @@ def test_within_turn_cuts_at_the_first_marker_after_text():
     assert within_turn("no markers <b>4</b>") == "no markers <b>4</b>"
 
 
+# An answer phrase stating a value, its unit, then a remark with other numbers: the value is the
+# answer. A remark offering an alternative, a list, or a number that is an operand is not.
+VALUE_THEN_REMARK = [
+    ("The answer is 20 cups, which is one third of the 60 cups ...", "20", 1.0),
+    ("The answer is 20 cups, which is one third of the 60 cups ...", "60", 0.0),
+    ("The answer is 21 cups, one third of 63", "20", 0.0),
+    ("The answer is 21 cups, one third of 63", "63", 0.0),
+    ("The answer is 72 clips, since 48 + 24 = 72.", "72", 1.0),
+    ("The answer is 12 because 3 * 4 = 12.", "12", 1.0),
+    ("The answer is 72 clips - she sold 48 in April and 24 in May.", "72", 1.0),
+    ("The answer is $18, which is 9 * $2.", "18", 1.0),  # dollar amounts, not a math segment
+    ("The answer is $18, which is 9 * $2.", "2", 0.0),
+    ("Answer: 8 (not 12).", "8", 1.0),
+    ("Answer: 12 (not 8).", "8", 0.0),
+    ("**Answer:** 540 meters (the distance he runs in a week)", "540", 1.0),
+    ("#### 8 (not 12)", "8", 1.0),
+    ("The answer is 8 or 12", "8", 0.0),
+    ("The answer is 8, 12, 16, 20.", "8", 0.0),
+    ("The answer is 8 (or 12).", "8", 0.0),
+    ("The answer is 8, or maybe 12.", "8", 0.0),
+    ("The answer is 8, but it could be 12.", "8", 0.0),
+    ("The answer is 8, and the other root is 12.", "8", 0.0),
+    ("Answer: 8 (not 12). Answer: 12 (not 8).", "8", 0.0),
+    ("Answer: 8 (not 12). Answer: 12 (not 8).", "12", 0.0),
+    ("The answer is 18 (not 19). Then the answer is 19.", "19", 0.0),
+    ("#### 8 (or 12)", "8", 0.0),
+    ("The answer is 12 divided by 4, which is 3.", "12", 0.0),  # an operand is no answer
+    ("The answer is 6 squared, which is 36.", "6", 0.0),
+    (r"The answer is 2\sqrt{3}, which is about 3.46.", "2", 0.0),
+    ("The answer is 2 (3 + 4), which is 14.", "2", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", VALUE_THEN_REMARK)
+def test_value_stated_before_a_remark(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
 # `\log_b x`, `\log_{b} x`, `\ln x`, `\log x` (base 10) evaluated, on either side.
 LOGARITHMS = [
     (r"\boxed{\log_2 8}", "3", 1.0),
@@ -275,6 +313,8 @@ def test_math_answer_reward_columns():
         "1 or " * 20000,
         "<|im_end|>" * 20000,  # markers with no text before them: nothing to cut at
         "8" + "<|end_of_solution|>" * 20000,  # trailing special tokens, dropped one by one
+        "The answer is 5 cups, which " * 20000,
+        "Answer: 5 (not " * 20000,
     ],
 )
 def test_degenerate_completions_stay_fast(completion):

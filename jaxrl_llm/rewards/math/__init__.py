@@ -2,12 +2,13 @@
 
 Which answer counts (`extraction`): the last `\\boxed{}` (against several values, the last run of
 boxes joined by `and`/commas), else the last `####` line, else the answer after the last "final
-answer is" / "the answer is" / "answer:" (its number when that is a sentence), else a closing math
-segment, else (for a structured reference) the last math segment or bracketed group, else the last
-number. The completion ends at its first chat end-of-turn marker (`<|im_end|>`, `</s>`, ...).
-Hedging scores 0: declared answers (boxes, `####` lines, numbers after an answer phrase) with
-different values, unless a self-correction ("Wait, ...") withdrew the earlier ones; `A or B` with
-different values; a last sentence offering alternatives.
+answer is" / "the answer is" / "answer:" (its number when that is a sentence, its value when a
+remark follows it: `20 cups, which is ...`), else a closing math segment, else (for a structured
+reference) the last math segment or bracketed group, else the last number. The completion ends at
+its first chat end-of-turn marker (`<|im_end|>`, `</s>`, ...). Hedging scores 0: declared answers
+(boxes, `####` lines, numbers after an answer phrase) with different values, unless a
+self-correction ("Wait, ...") withdrew the earlier ones; `A or B` with different values; a last
+sentence offering alternatives.
 
 How it is judged (`scoring`): a plain-number reference by exact rationals in pure Python (the fast
 path; `1/2 = 0.5`, `3.0 = 3`, a decimal rounding a non-terminating rational, thousands separators,

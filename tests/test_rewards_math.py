@@ -200,6 +200,8 @@ VALUE_THEN_REMARK = [
     ("The answer is 8, or maybe 12.", "8", 0.0),
     ("The answer is 8, but it could be 12.", "8", 0.0),
     ("The answer is 8, and the other root is 12.", "8", 0.0),
+    ("The answer is 8; if not, 12.", "8", 0.0),
+    ("The answer is 8, depending on the reading; 12 in the other.", "8", 0.0),
     ("Answer: 8 (not 12). Answer: 12 (not 8).", "8", 0.0),
     ("Answer: 8 (not 12). Answer: 12 (not 8).", "12", 0.0),
     ("The answer is 18 (not 19). Then the answer is 19.", "19", 0.0),

@@ -76,8 +76,8 @@ _NUMBER_START = set("0123456789$-−.")
 _CONNECTIVE = r"(?:which|because|since|as|so|that|given|from|using|i\.e\.|e\.g\.)"
 _OPERATOR = (r"(?:plus|minus|times|divided|multiplied|over|squared|cubed|factorial|mod|modulo|to|"
              r"dozen|hundred|thousand|million|billion|trillion)")  # fmt: skip
-_HEDGE = (r"(?:or|but|maybe|perhaps|possibly|probably|could|might|either|unless|alternatively|otherwise|"
-          r"instead|although|though|however|also|else|another)")  # fmt: skip
+_HEDGE = (r"(?:or|but|if|unless|maybe|perhaps|possibly|probably|could|might|either|alternativ\w*|other\w*|"
+          r"depend\w*|instead|although|though|however|also|else|another)")  # fmt: skip
 _UNIT_WORDS = re.compile(
     rf"(?:\s+(?!(?:{_CONNECTIVE}|{_OPERATOR}|{_HEDGE}|and|is|are|was|were|not)\b)"
     r"[A-Za-z]{2,}(?:/[A-Za-z]+)?(?:\^\{?[23]\}?|[²³])?(?![\w^/]))*",

@@ -121,6 +121,143 @@ def test_table_is_large_and_covers_both_outcomes():
     assert {c[2] for c in CASES} == {0.0, 1.0, None}
 
 
+# A chat end-of-turn marker (or any special token) closing the completion, and a hallucinated next
+# turn after it: the answer is what the turn said before it. A marker never joins text around it.
+CHAT_MARKERS = [
+    ("The answer is 42.<|im_end|>", "42", 1.0),
+    ("The answer is 42<|im_end|><|endoftext|><|endoftext|>", "42", 1.0),  # padding after the end
+    ("The answer is 42.<|eot_id|>", "42", 1.0),
+    ("The answer is 42.</s>", "42", 1.0),
+    ("The answer is 42<end_of_turn>\n<eos>", "42", 1.0),
+    ("The answer is 42.<|end|>", "42", 1.0),
+    ("The answer is 42 <eos>", "42", 1.0),
+    ("The answer is 42.<|end_of_solution|>", "42", 1.0),  # any trailing `<|...|>` token
+    ("The answer is 42.<｜end▁of▁sentence｜>", "42", 1.0),
+    ("<|im_start|>assistant\nThe answer is 42.<|im_end|>", "42", 1.0),  # a template's header first
+    ("The answer is 41.<|im_end|>", "42", 0.0),
+    ("The answer is 4<|im_end|>2", "42", 0.0),  # a marker inside a number joins nothing
+    ("The answer is 4<|im_end|>2", "4", 0.0),
+    (r"\boxed{4<|eot_id|>2}", "42", 0.0),
+    (r"\boxed{4<|eot_id|>2}", "4", 0.0),
+    ("The answer is 42 or 43.<|im_end|>", "42", 0.0),  # a hedge stays a hedge
+    (r"\boxed{41} \boxed{42}<|im_end|>", "42", 0.0),
+    (r"\boxed{41}<|im_end|>\boxed{42}", "42", 0.0),  # only the turn before the marker counts
+    ("The answer is 42.<|im_end|>\n<|im_start|>user\nAnd 6 * 7 + 1?<|im_end|>\n<|im_start|>assistant\n"
+     "The answer is 43.<|im_end|>", "42", 1.0),
+    ("The answer is 42.<|im_end|>\n<|im_start|>user\nAnd 6 * 7 + 1?<|im_end|>\n<|im_start|>assistant\n"
+     "The answer is 43.<|im_end|>", "43", 0.0),
+    # What real completions that ran on into invented turns end with.
+    (r"So $b = \boxed{\frac{5}{3}}$. Final Answer: The final answer is $\frac{5}{3}$. I hope it is correct. "
+     r"<|im_start|>userYes, that is correct. <|im_start|>}userI have another problem. Solve $2^{4x} = 2^{32}$. "
+     r"Solution: <|im_start|>assistantWe find $x = \boxed{8}$. Final Answer: The final answer is $8$. I hope it "
+     r"is correct.", "$5/3$", 1.0),
+    (r"So $b = \boxed{\frac{5}{3}}$. Final Answer: The final answer is $\frac{5}{3}$. I hope it is correct. "
+     r"<|im_start|>userYes, that is correct. <|im_start|>}userI have another problem. Solve $2^{4x} = 2^{32}$. "
+     r"Solution: <|im_start|>assistantWe find $x = \boxed{8}$. Final Answer: The final answer is $8$. I hope it "
+     r"is correct.", "8", 0.0),
+    ("$85 + (-67) + 12,\\!000,\\!003 + (-3) = 12,\\!000,\\!023$. Final Answer: The final answer is 12,000,023. "
+     "I hope it is correct. <|im_start|>user", "12000023", 1.0),
+    ("Therefore, there are 12 distinct arithmetic sequences that meet the three given conditions. I hope it is "
+     "correct. <|im_start|>user", "$12$", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", CHAT_MARKERS)
+def test_chat_markers_end_the_answer(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+def test_within_turn_cuts_at_the_first_marker_after_text():
+    from jaxrl_llm.rewards.math.turns import within_turn
+
+    header = "<|im_start|>assistant\n"
+    assert within_turn(header + "It is 4.<|im_end|>\n<|im_start|>user\nAnd?") == header + "It is 4."
+    assert within_turn("It is 4. <|end_of_solution|> <|endoftext|>\n") == "It is 4."
+    assert within_turn("It is 4<|im_end|>2.") == "It is 4<|im_end|>2."  # inside a token: no turn ends there
+    assert within_turn("It is <|im_end|>") == "It is"
+    assert within_turn("no markers <b>4</b>") == "no markers <b>4</b>"
+
+
+# An answer phrase stating a value, its unit, then a remark with other numbers: the value is the
+# answer. A remark offering an alternative, a list, or a number that is an operand is not.
+VALUE_THEN_REMARK = [
+    ("The answer is 20 cups, which is one third of the 60 cups ...", "20", 1.0),
+    ("The answer is 20 cups, which is one third of the 60 cups ...", "60", 0.0),
+    ("The answer is 21 cups, one third of 63", "20", 0.0),
+    ("The answer is 21 cups, one third of 63", "63", 0.0),
+    ("The answer is 72 clips, since 48 + 24 = 72.", "72", 1.0),
+    ("The answer is 12 because 3 * 4 = 12.", "12", 1.0),
+    ("The answer is 72 clips - she sold 48 in April and 24 in May.", "72", 1.0),
+    ("The answer is $18, which is 9 * $2.", "18", 1.0),  # dollar amounts, not a math segment
+    ("The answer is $18, which is 9 * $2.", "2", 0.0),
+    ("Answer: 8 (not 12).", "8", 1.0),
+    ("Answer: 12 (not 8).", "8", 0.0),
+    ("**Answer:** 540 meters (the distance he runs in a week)", "540", 1.0),
+    ("#### 8 (not 12)", "8", 1.0),
+    ("The answer is 8 or 12", "8", 0.0),
+    ("The answer is 8, 12, 16, 20.", "8", 0.0),
+    ("The answer is 8 (or 12).", "8", 0.0),
+    ("The answer is 8, or maybe 12.", "8", 0.0),
+    ("The answer is 8, but it could be 12.", "8", 0.0),
+    ("The answer is 8, and the other root is 12.", "8", 0.0),
+    ("The answer is 8; if not, 12.", "8", 0.0),
+    ("The answer is 8, depending on the reading; 12 in the other.", "8", 0.0),
+    ("Answer: 8 (not 12). Answer: 12 (not 8).", "8", 0.0),
+    ("Answer: 8 (not 12). Answer: 12 (not 8).", "12", 0.0),
+    ("The answer is 18 (not 19). Then the answer is 19.", "19", 0.0),
+    ("#### 8 (or 12)", "8", 0.0),
+    ("The answer is 12 divided by 4, which is 3.", "12", 0.0),  # an operand is no answer
+    ("The answer is 6 squared, which is 36.", "6", 0.0),
+    (r"The answer is 2\sqrt{3}, which is about 3.46.", "2", 0.0),
+    ("The answer is 2 (3 + 4), which is 14.", "2", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", VALUE_THEN_REMARK)
+def test_value_stated_before_a_remark(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+# `\log_b x`, `\log_{b} x`, `\ln x`, `\log x` (base 10) evaluated, on either side.
+LOGARITHMS = [
+    (r"\boxed{\log_2 8}", "3", 1.0),
+    (r"\boxed{\log_2 16}", "3", 0.0),
+    (r"\boxed{\log_{2} 8}", "3", 1.0),
+    (r"\boxed{\log_2(8)}", "3", 1.0),
+    (r"\boxed{\log_3 8}", "3", 0.0),
+    (r"\boxed{\log 1000}", "3", 1.0),
+    (r"\boxed{\ln 8}", "3", 0.0),
+    (r"\boxed{\log_{10} 40 + \log_{10} 25}", "3", 1.0),
+    (r"\boxed{\log_2 \frac{1}{8}}", "-3", 1.0),
+    (r"\boxed{\log_2 2^{10}}", "10", 1.0),
+    (r"\boxed{\log_4 2}", r"\frac{1}{2}", 1.0),
+    (r"\boxed{2\log_2 3}", r"\log_2 9", 1.0),
+    (r"\boxed{\log_2 10}", r"\log_2 9", 0.0),
+    (r"\boxed{3}", r"\log_2 8", 1.0),
+    (r"\boxed{4}", r"\log_2 8", 0.0),
+    (r"\boxed{\log_2 8 \text{ or } \log_2 16}", "3", 0.0),
+    (r"\boxed{\log_2 8} \boxed{\log_2 16}", "4", 0.0),
+    (r"\boxed{\log_{2} x}", r"\frac{\ln x}{\ln 2}", 1.0),
+    (r"\boxed{\log_{11} x}", r"\frac{\ln x}{\ln 11}", 1.0),
+    (r"\boxed{\log_{a^2} x}", r"\frac{\ln x}{\ln a^2}", 1.0),
+    (r"\boxed{\log x}", r"\frac{\ln x}{\ln 10}", 1.0),
+    (r"\boxed{\ln x}", r"\log x", 0.0),
+    (r"\boxed{\ln\left(x-1\right)}", r"\ln(x-1)", 1.0),
+    (r"\boxed{\log_2 x}", r"\log_3 x", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, reference, expected", LOGARITHMS)
+def test_logarithms_are_evaluated(completion, reference, expected):
+    assert score_answer(completion, reference) == expected
+
+
+def test_a_function_keeps_its_argument_from_the_unit_stripper():
+    assert normalize_answer(r"\log_{2} x") == r"\log_{2} x"
+    assert normalize_answer(r"\sin^2 x") == r"\sin^2 x"
+    assert normalize_answer(r"\log_2 8 \text{ bits}") == r"\log_2 8"
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
@@ -176,6 +313,10 @@ def test_math_answer_reward_columns():
         "#### 5\n" * 20000,
         "The answer is " * 20000,
         "1 or " * 20000,
+        "<|im_end|>" * 20000,  # markers with no text before them: nothing to cut at
+        "8" + "<|end_of_solution|>" * 20000,  # trailing special tokens, dropped one by one
+        "The answer is 5 cups, which " * 20000,
+        "Answer: 5 (not " * 20000,
     ],
 )
 def test_degenerate_completions_stay_fast(completion):

@@ -106,9 +106,9 @@ def test_reward_hacking_scalars_listing_candidates_pay_nothing(value):
 
 
 def test_second_judge_decides_only_where_ours_cannot_read_the_reference():
-    # `\log_2 8` is outside our whitelist: math-verify's verdict is the score.
-    assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0
-    assert judge(r"\boxed{4}", r"\log_2 8").score == 0.0
+    # `\binom{4}{2}` is outside our whitelist: math-verify's verdict is the score.
+    assert judge(r"\boxed{6}", r"\binom{4}{2}").score == 1.0
+    assert judge(r"\boxed{5}", r"\binom{4}{2}").score == 0.0
     verdict = judge(r"\boxed{\{3, 2, 1\}}", r"\{1, 2, 3\}")
     assert (verdict.score, verdict.ours, verdict.second) == (1.0, 1.0, 1.0)
     # Plain numbers never reach the second judge (the fast path).
@@ -131,21 +131,21 @@ def test_math_verify_runs_from_a_thread():
     # math-verify's own timeout uses signal.alarm, which raises outside the main thread: it must run
     # in the worker process, with its timeout off.
     results = []
-    thread = threading.Thread(target=lambda: results.append(judge(r"\boxed{3}", r"\log_2 8").score))
+    thread = threading.Thread(target=lambda: results.append(judge(r"\boxed{6}", r"\binom{4}{2}").score))
     thread.start()
     thread.join()
     assert results == [1.0]
 
 
 def test_math_verify_time_limit_is_hard():
-    assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0  # the worker is up: start-up not timed below
+    assert judge(r"\boxed{6}", r"\binom{4}{2}").score == 1.0  # the worker is up: start-up not timed below
     start = time.perf_counter()
-    # Our judge cannot read `\log_2 8`, so math-verify evaluates the tower: the worker is killed.
-    verdict = judge(r"\boxed{9^{9^{9^{9}}}}", r"\log_2 8", timeout=0.5)
+    # Our judge cannot read `\binom{4}{2}`, so math-verify evaluates the tower: the worker is killed.
+    verdict = judge(r"\boxed{9^{9^{9^{9}}}}", r"\binom{4}{2}", timeout=0.5)
     assert (verdict.score, verdict.second) == (0.0, 0.0)
     assert 0.5 <= time.perf_counter() - start < 0.5 + 3.0  # the kill, not the tower (minutes); slack for a loaded host
     assert math_worker.WORKER._proc is None  # killed, and restarted on demand:
-    assert judge(r"\boxed{3}", r"\log_2 8").score == 1.0
+    assert judge(r"\boxed{6}", r"\binom{4}{2}").score == 1.0
 
 
 @pytest.mark.parametrize(

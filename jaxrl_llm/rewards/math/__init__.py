@@ -2,20 +2,23 @@
 
 Which answer counts (`extraction`): the last `\\boxed{}` (against several values, the last run of
 boxes joined by `and`/commas), else the last `####` line, else the answer after the last "final
-answer is" / "the answer is" / "answer:" (its number when that is a sentence), else a closing math
-segment, else (for a structured reference) the last math segment or bracketed group, else the last
-number. Hedging scores 0: declared answers (boxes, `####` lines, numbers after an answer phrase)
-with different values, unless a self-correction ("Wait, ...") withdrew the earlier ones; `A or B`
-with different values; a last sentence offering alternatives.
+answer is" / "the answer is" / "answer:" (its number when that is a sentence, its value when a
+remark follows it: `20 cups, which is ...`), else a closing math segment, else (for a structured
+reference) the last math segment or bracketed group, else the last number. The completion ends at
+its first chat end-of-turn marker (`<|im_end|>`, `</s>`, ...). Hedging scores 0: declared answers
+(boxes, `####` lines, numbers after an answer phrase) with different values, unless a
+self-correction ("Wait, ...") withdrew the earlier ones; `A or B` with different values; a last
+sentence offering alternatives.
 
 How it is judged (`scoring`): a plain-number reference by exact rationals in pure Python (the fast
 path; `1/2 = 0.5`, `3.0 = 3`, a decimal rounding a non-terminating rational, thousands separators,
 decimal commas, `a \\times 10^b`, units); a
-scalar expression by sympy; a set, interval, tuple, matrix, system, equation, inequality, choice or
-text as that structure (`structures`). math-verify judges every non-numeric reference too; where our
-judge cannot read the reference its verdict is used, and disagreements are reported as the metric
-`reward/math_answer/judge_disagreement`. Sympy and math-verify run in a worker process under a hard
-time limit (`worker`): sympy can run for ever and only killing a process stops C-level work.
+scalar expression by sympy (`\\log_2 8` is 3); a set, interval, tuple, matrix, system, equation,
+inequality, choice or text as that structure (`structures`). math-verify judges every non-numeric
+reference too; where our judge cannot read the reference its verdict is used, and disagreements are
+reported as the metric `reward/math_answer/judge_disagreement`. Sympy and math-verify run in a
+worker process under a hard time limit (`worker`): sympy can run for ever and only killing a process
+stops C-level work.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 Only numbers, single-letter symbols, + - * / ** ( ) and a few function names survive, so the string
 handed to sympy's `parse_expr` (which uses eval) in the worker can never name anything else.
+Logarithms become `log(x)/log(b)` (`\\log_b x`; `\\log x` is base 10) or `log(x)` (`\\ln x`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from jaxrl_llm.rewards.math.numeric import frac_args
 MAX_EXPR_CHARS = 300
 _COMMANDS = {
     "cdot": "*", "times": "*", "ast": "*", "div": "/", "pi": " pi ",
-    "ln": " ln ", "log": " log ", "sin": " sin ", "cos": " cos ", "tan": " tan ", "exp": " exp ",
+    "sin": " sin ", "cos": " cos ", "tan": " tan ", "exp": " exp ",
 }  # fmt: skip
 _EXPR_TOKENS = re.compile(r"\s+|\d+(?:\.\d+)?|\.\d+|[A-Za-z]+|\*\*|[-+*/()]")
 _FUNCTION_NAMES = {"sqrt", "pi", "ln", "log", "sin", "cos", "tan", "exp"}
@@ -45,18 +46,7 @@ def _latex_to_plain(s: str) -> str | None:
     while i < len(s):
         c = s[i]
         if c == "\\":
-            m = re.match(r"\\([A-Za-z]+)", s[i:])
-            if m is None:
-                return None
-            name, i = m.group(1), i + m.end()
-            if name in ("frac", "dfrac", "tfrac", "cfrac"):
-                piece, i = _frac(s, i)
-            elif name == "sqrt":
-                piece, i = _sqrt(s, i)
-            elif name in _COMMANDS:
-                piece = _COMMANDS[name]
-            else:
-                return None
+            piece, i = _command(s, i)
             if piece is None:
                 return None
             out.append(piece)
@@ -64,6 +54,21 @@ def _latex_to_plain(s: str) -> str | None:
         out.append({"{": "(", "}": ")", "^": "**", "×": "*", "·": "*"}.get(c, c))
         i += 1
     return "".join(out)
+
+
+def _command(s: str, i: int) -> tuple[str | None, int]:
+    """The command at s[i] (a backslash) with its arguments, as plain source, and the index after it."""
+    m = re.match(r"\\([A-Za-z]+)", s[i:])
+    if m is None:
+        return None, i
+    name, i = m.group(1), i + m.end()
+    if name in ("frac", "dfrac", "tfrac", "cfrac"):
+        return _frac(s, i)
+    if name == "sqrt":
+        return _sqrt(s, i)
+    if name in ("log", "ln"):
+        return _log(s, i, name)
+    return _COMMANDS.get(name), i
 
 
 def _frac(s: str, i: int) -> tuple[str | None, int]:
@@ -92,6 +97,69 @@ def _sqrt(s: str, i: int) -> tuple[str | None, int]:
     if body is None:
         return None, i
     return (f"sqrt({body})" if index is None else f"(({body})**(1/({index})))"), arg[1]
+
+
+def _log(s: str, i: int, name: str) -> tuple[str | None, int]:
+    """`\\log_2 8`, `\\log_{b}(x)`, `\\ln x`, `\\log^2 x` (s[i:] follows the command) as
+    `log(arg)/log(base)`. The base is the subscript, else e for `\\ln` and 10 for `\\log` (the
+    convention of math-verify's parser too); `\\log^2 x` is the log squared."""
+    base = power = None
+    while i < len(s) and s[i] in "_^":  # `\\log_2^2 x` and `\\log^2_2 x` alike
+        script = _single_arg(s, i + 1)
+        value = _latex_to_plain(script[0]) if script is not None else None
+        if value is None:
+            return None, i
+        base, power = (value, power) if s[i] == "_" else (base, value)
+        i = script[1]
+    arg, i = _log_argument(s, i)
+    if arg is None:
+        return None, i
+    if base is None and name == "log":
+        base = "10"
+    out = f"(log({arg})/log({base}))" if base is not None else f"log({arg})"
+    return (out if power is None else f"({out}**({power}))"), i
+
+
+_LOG_RUN = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+|[A-Za-z])+")
+
+
+def _log_argument(s: str, i: int) -> tuple[str | None, int]:
+    """A logarithm's argument at s[i:]: a braced or parenthesized group, a command with its arguments
+    (`\\frac{1}{8}`), or a run of digits and letters (`8`, `2x`) with its power (`\\log_2 2^{10}`
+    is 10: the power belongs to the argument, as in `\\log x^2`)."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        return None, i
+    if s[i] in "{(":
+        close = _closing(s, i)
+        if close is None:
+            return None, i
+        return _latex_to_plain(s[i + 1 : close]), close + 1
+    if s[i] == "\\":
+        return _command(s, i)
+    run = _LOG_RUN.match(s, i)
+    if run is None:
+        return None, i
+    arg, i = run.group(0), run.end()
+    if i < len(s) and s[i] == "^":
+        power = _single_arg(s, i + 1)
+        exponent = _latex_to_plain(power[0]) if power is not None else None
+        if exponent is None:
+            return None, i
+        arg, i = f"({arg})**({exponent})", power[1]
+    return arg, i
+
+
+def _closing(s: str, i: int) -> int | None:
+    """The index of the bracket closing the `{` or `(` at s[i], or None when it is unbalanced."""
+    opener, depth = s[i], 0
+    closer = "}" if opener == "{" else ")"
+    for j in range(i, len(s)):
+        depth += (s[j] == opener) - (s[j] == closer)
+        if depth == 0:
+            return j
+    return None
 
 
 def _single_arg(s: str, i: int) -> tuple[str, int] | None:

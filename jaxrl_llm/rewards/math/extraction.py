@@ -5,18 +5,21 @@ The counted answer, in order of preference (docs/rewards.md has the same list):
    unclosed, truncated last box is skipped). With `join` (a reference of several values), the last
    run of boxes separated only by connectors (`,`, `and`, `or`, `\\quad`, `$`, `x =`) is one list
    answer: `\\boxed{1} and \\boxed{-2}` is `1, -2`;
-2. else the text after the last `####` (GSM8K);
+2. else the text after the last `####` (GSM8K; its value when a remark follows: `#### 8 (not 12)`);
 3. else the answer after the last explicit phrase `final answer is`, `the answer is`, `answer:`
    (also `answers are`, `answer could be`, ...): a `$...$`, `\\(...\\)` or `\\[...\\]` right after it,
-   else the rest of the line or sentence; when that is prose (`The volume is 120.`), its last math
-   segment or number;
+   else the rest of the line or sentence; when that is a value, its unit and a remark offering no
+   alternative (`20 cups, which is one third of the 60 cups`, `8 (not 12)`), the value; when it is
+   prose (`The volume is 120.`), its last math segment or number;
 4. else the last `$...$`/`\\(...\\)`/`\\[...\\]` segment when nothing but punctuation follows it; for a
    structured reference, the last math segment or bracketed group with a comma; else the last number.
-After a `</think>`, only the text after it is read when it holds an answer (the reasoning before it
-is scratch work). Declared answers are every box, every `####` line and every answer phrase stating
-a plain number after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer revised after
-one no longer counts. Whether the declared answers agree, or the counted one hedges (`18 or 19`), is
-judged by the caller.
+The completion ends at the first chat end-of-turn or start-of-turn marker after its text
+(`<|im_end|>`, `</s>`, ...), trailing special tokens dropped. After a `</think>`, only the text after
+it is read when it holds an answer (the reasoning before it is scratch work). Declared answers are
+every box, every `####` line and every answer phrase stating a plain number (or a value before a
+remark) after the last self-correction (`Wait`, `Actually`, `let me recheck`, ...): an answer
+revised after one no longer counts. Whether the declared answers agree, or the counted one hedges
+(`18 or 19`), is judged by the caller.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from jaxrl_llm.rewards.math.braces import matching_braces
+from jaxrl_llm.rewards.math.turns import within_turn
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\b")
 _BOX_TOKEN = re.compile(r"[^\s{}$]+")
@@ -64,6 +68,27 @@ NUMBER_TOKEN = re.compile(
 )
 _PLAIN_NUMBER = re.compile(r"[-−]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)\s?%?(?:\s[A-Za-z]+)?")  # `$5`, `12 kg`
 _NUMBER_START = set("0123456789$-−.")
+# An answer stated as a value, its unit words, then a remark (`20 cups, which is one third of the 60
+# cups`, `8 (not 12)`, `12 because 3 * 4 = 12`): the remark starts at `,` `;` `(` or a dash before
+# a word, or at a connective. Operator words are no unit and start no remark: in `6 squared, which
+# is 36` or `12, times 3` the number is an operand, not the answer (`12 divided by 4, which` or
+# `10 choose 3, which` have another number before the remark, so no value is read there either).
+_CONNECTIVE = r"(?:which|because|since|as|so|that|given|from|using|i\.e\.|e\.g\.)"
+_OPERATOR = (r"(?:plus|minus|times|divided|multiplied|over|squared|cubed|factorial|mod|modulo|to|"
+             r"dozen|hundred|thousand|million|billion|trillion)")  # fmt: skip
+_HEDGE = (r"(?:or|but|if|unless|maybe|perhaps|possibly|probably|could|might|either|alternativ\w*|other\w*|"
+          r"depend\w*|instead|although|though|however|also|else|another)")  # fmt: skip
+_UNIT_WORDS = re.compile(
+    rf"(?:\s+(?!(?:{_CONNECTIVE}|{_OPERATOR}|{_HEDGE}|and|is|are|was|were|not)\b)"
+    r"[A-Za-z]{2,}(?:/[A-Za-z]+)?(?:\^\{?[23]\}?|[²³])?(?![\w^/]))*",
+    re.I,
+)
+_REMARK = re.compile(
+    rf"\s*(?:[,;(—]|\s[-–]{{1,2}}\s)\s*(?!(?:and|{_OPERATOR}|{_HEDGE})\b)(?=[A-Za-z]{{2}}|i\.e\.|e\.g\.)"
+    rf"|\s+(?={_CONNECTIVE}\b)",
+    re.I,
+)
+_HEDGE_WORD = re.compile(rf"\b{_HEDGE}\b", re.I)  # a remark offering an alternative: `8 (or 12)`
 _OR = re.compile(r"\bor\b", re.I)
 _NAME_IS = re.compile(r"(?<![A-Za-z])[A-Za-z](?:_\{?\w+\}?)?\s*=")
 _CONNECTOR_DROP = re.compile(r"\\(?:text|mathrm|textbf)\s*\{|\\q?quad\b|\\[()\[\],;:! ]|\\\\|[{}$&]")
@@ -84,6 +109,7 @@ class FinalAnswer:
 
 def final_answer(text: str, *, structured: bool = False, join: bool = False) -> FinalAnswer:
     """The final answer of a completion by the rules of this module's docstring."""
+    text = within_turn(text)
     if "</think>" in text:  # reasoning, then the answer: what the answer part declares counts alone
         answer = final_answer(text[text.rfind("</think>") + 8 :], structured=structured, join=join)
         if answer.text is not None:
@@ -91,7 +117,7 @@ def final_answer(text: str, *, structured: bool = False, join: bool = False) -> 
     boxes = box_spans(text)
     hashes = []
     if "####" in text:
-        hashes = [(m.start(), m.group(1).strip()) for m in _HASHES.finditer(text) if m.group(1).strip()]
+        hashes = [(m.start(), _stated(m.group(1).strip())) for m in _HASHES.finditer(text) if m.group(1).strip()]
     if boxes or hashes:
         revised = _revised_by_phrase(text, max([b[1] for b in boxes[-1:]] + [h[0] for h in hashes[-1:]]))
         if revised is not None:
@@ -217,6 +243,8 @@ def _phrase_numbers(text: str, start: int, stop: int) -> list[tuple[int, str]]:
         region = s.group(0).strip().strip("$*").strip() if s else ""
         if _PLAIN_NUMBER.fullmatch(region):
             out.append((m.start(), region))
+        elif (head := _value_head(region)) is not None:  # `20 cups, which ...` declares 20 cups
+            out.append((m.start(), region[:head]))
     return out
 
 
@@ -258,12 +286,42 @@ def _phrase_answer(text: str, start: int = 0) -> tuple[str | None, int]:
     for opener, closer in _MATH_OPEN.items():
         if text.startswith(opener, i):
             j = text.find(closer, i + len(opener))
-            if j > i + len(opener):
-                return text[i + len(opener) : j].strip(), i
+            segment = text[i + len(opener) : j].strip()
+            if j > i + len(opener) and not _is_currency(opener, segment):
+                return segment, i
             break
     m = _SENTENCE.match(text, i, min(len(text), i + 300))
     region = m.group(0).strip().rstrip("*").strip() if m else ""  # `**Answer: 540 meters**`
-    return _in_prose(region) or None, i
+    return _value_before_remark(region) or _in_prose(region) or None, i
+
+
+def _is_currency(opener: str, segment: str) -> bool:
+    """`The answer is $18, which is 9 * $2.`: two dollar amounts in prose, not a math segment."""
+    return opener == "$" and segment[:1].isdigit() and _PROSE.search(segment) is not None
+
+
+def _stated(line: str) -> str:
+    """A `####` line's answer: the value before a remark (`#### 8 (not 12)`), else the whole line."""
+    return _value_before_remark(line) or line
+
+
+def _value_head(region: str) -> int | None:
+    """Where the value and its unit words end, when `region` is a value followed by a remark."""
+    number = NUMBER_TOKEN.match(region)
+    if number is None:
+        return None
+    end = _UNIT_WORDS.match(region, number.end()).end()
+    return end if _REMARK.match(region, end) else None
+
+
+def _value_before_remark(region: str) -> str | None:
+    """`20 cups, which is one third of the 60 cups` -> `20 cups`, `8 (not 12)` -> `8`: the value an
+    answer phrase states before remarking on it; None when the remark offers an alternative
+    (`8, or maybe 12`, `8 (or 12)`) or the region is no value and remark."""
+    head = _value_head(region)
+    if head is None or _HEDGE_WORD.search(region, head):
+        return None
+    return region[:head]
 
 
 def _in_prose(region: str) -> str:

@@ -53,6 +53,8 @@ LABEL = re.compile(
     rf"|{_NAME}(?:\s*:\s*{_NAME})+|\\frac\{{{_NAME}\}}\{{{_NAME}\}}"
 )
 _UNIT_TAIL = re.compile(r"(?P<value>.*?[\d})%.])(?P<tail>\s*[A-Za-z][A-Za-z\s./^²³\d-]*)$", re.S)
+# `\log_2`, `\log_{10}`, `\sin^2`: a function still waiting for its argument, which no unit follows.
+_FUNCTION_HEAD = re.compile(r"\\(?:log|ln|sin|cos|tan|sec|csc|cot|exp)(?:\s*[_^]\s*(?:\{[^{}]*\}|\w))+\s*$")
 _MATH_WORDS = {"pi", "e", "i", "sqrt", "log", "ln", "sin", "cos", "tan", "exp", "inf", "infinity", "oo",
                "or", "and", "cup", "cap", "in", "le", "ge", "leq", "geq", "lt", "gt", "ne", "neq"}  # fmt: skip
 
@@ -135,7 +137,7 @@ def _strip_units(s: str) -> str:
     """`5 cm^2`, `10 km/h`, `72 dollars` -> the value. A tail counts as a unit when it is words (a
     glued single letter like `2x` is algebra, not a unit) and holds no math word (`2 pi`, `1 or 2`)."""
     m = _UNIT_TAIL.fullmatch(s)
-    if m is None:
+    if m is None or _FUNCTION_HEAD.search(m.group("value")):  # `\log_2 x`: x is the argument
         return s
     tail = m.group("tail")
     words = re.findall(r"[A-Za-z]+", tail)

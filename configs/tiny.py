@@ -9,6 +9,7 @@ task (jaxrl_llm/data/tasks.py) is generated. `arg` picks the algorithm; GRPO whe
 Any field can be overridden, e.g. `--config.total_steps=20 --config.rollout.group_size=4`.
 """
 from jaxrl_llm.config import ALGOS, base_config
+from jaxrl_llm.presets import preset_defaults
 
 
 def parse_arg(arg: str | None) -> dict[str, str]:
@@ -54,11 +55,6 @@ def get_config(arg=None):
     c.rollout.temperature = 1.0
 
     c.optimizer.learning_rate = 1e-3
-    # Decayed to a tenth by the end (cosine): at a constant 1e-3, once most groups score alike the RL
-    # gradient fades while Adam keeps taking full-size steps along what is left (the KL to the random
-    # reference), and some seeds lose what they learned late in the run (a reward drop with an entropy rebound).
-    c.optimizer.schedule = "cosine"
-    c.optimizer.min_lr_ratio = 0.1
     c.optimizer.max_grad_norm = 1.0
     c.value.learning_rate = 1e-3
     # A tiny policy trained from scratch collapses onto a few outputs before it finds the answers unless
@@ -67,6 +63,15 @@ def get_config(arg=None):
     c.kl.coef = 0.02
     if algo == "dr_grpo":
         c.kl.coef = 0.005  # its advantages are not divided by the group std: ~5x smaller than GRPO's
+    if preset_defaults(algo, 0)["kl.placement"] == "loss":
+        # k3+ (k3's value, k2's gradient), not k3: differentiated in the loss, k3's gradient is that of the
+        # *forward* KL(ref || policy), whose pull towards the near-uniform reference stays ~(policy - uniform)
+        # however sharp the policy gets. Once most groups score alike the reward's gradient fades, Adam takes
+        # full-size steps along that steady pull, and a run can lose late what it learned (seed 0 on a Zen 5
+        # host: 0.5 -> 0.3 after step ~430, with an entropy rebound). k3+'s is the reverse KL's, here minus
+        # the entropy's, which fades as the policy sharpens: the floor that keeps early exploration without
+        # the late pull (docs/algorithms/grpo.md, "KL to the reference").
+        c.kl.estimator = "k3+"
 
     # Held-out pass@1..16 and maj@16 on 128 prompts of the task's test split (never trained on), before
     # the first step, every 100 steps and at the end. 16 samples per prompt is GRPO's group size: the

@@ -31,14 +31,33 @@ __all__ = ["ALGOS", "PRESETS", "base_config", "from_dict", "prepare", "resolve",
 def base_config() -> ml_collections.ConfigDict:
     """The full schema with its defaults; see the comment on each field.
 
-    Longer than a function should be, on purpose: it is a declaration, one line per field with its
-    comment, and the whole schema reads in one place."""
+    One function per section below, called in the schema's order (the order `to_dict()` keeps): each
+    declares its fields in order, every one with the comment that documents it."""
     c = ml_collections.ConfigDict()
     c.algo = "grpo"  # preset: ppo | grpo | dr_grpo | dapo | gspo | gspo_token | sapo | cispo | rloo | reinforce_pp | opd | gkd
     c.seed = 0  # one seed for init, data order and sampling: same seed + config = same run
     c.total_steps = 100  # RL iterations (one rollout batch + its updates each)
     c.force_new = False  # start afresh in a workdir that holds a run with another config (old files kept aside)
+    _model(c)
+    _data(c)
+    _rollout(c)
+    _reward(c)
+    _env(c)
+    _advantage(c)
+    _loss(c)
+    _dapo(c)
+    _value(c)
+    _distill(c)
+    _ref(c)
+    _train(c)
+    _mesh(c)
+    _outputs(c)
+    _eval(c)
+    return c
 
+
+def _model(c: ml_collections.ConfigDict) -> None:
+    """The policy model (a checkpoint or the built-in tiny one), its LoRA adapters and the tokenizer."""
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # local HF directory or hub name; "" builds the built-in tiny model below
     c.model.dtype = "float32"  # parameter dtype
@@ -73,11 +92,17 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.tokenizer = ""  # tokenizer path or hub name; "" = model.path, or the built-in one for the built-in model
 
+
+def _data(c: ml_collections.ConfigDict) -> None:
+    """The training prompts: `data.*` of data/config.py, and the built-in synthetic task."""
     c.data = default_data_config()
     c.data.task = ""  # a built-in synthetic task (e.g. "digit_puzzles") instead of data.path
     c.data.task_rows = 4096  # rows generated for the built-in task
     c.data.task_weights = (0.3, 0.3, 0.2, 0.2)  # sampling weight of each difficulty level of the task
 
+
+def _rollout(c: ml_collections.ConfigDict) -> None:
+    """Sampling the completions, and the correction between the sampler's policy and the trainer's."""
     c.rollout = ml_collections.ConfigDict()
     c.rollout.batch_prompts = 8  # prompts per RL step (global, across hosts)
     c.rollout.group_size = 8  # completions per prompt (G); >= 2 for group estimators
@@ -102,6 +127,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.correction.cap = 0.0  # upper bound of the ratio; 0 = the mode's default (2, or 1.001 for geometric_mask)
     c.correction.lower = 0.0  # lower bound of the mask modes; 0 = 1/cap
 
+
+def _reward(c: ml_collections.ConfigDict) -> None:
+    """The reward functions that score the completions."""
     c.reward = ml_collections.ConfigDict()
     c.reward.functions = "math_answer"  # comma-separated registry names or module:function paths
     c.reward.weights = ""  # comma-separated weights, one per function; "" = all 1.0
@@ -110,6 +138,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.reward.self_test = "warn"  # start-up reward check on probe completions; one paid like a correct answer: warn | error | off (no check)
     c.reward.completion_format = "auto"  # completions to user reward functions: auto (TRL's message lists for a conversational dataset, else strings) | text | messages
 
+
+def _env(c: ml_collections.ConfigDict) -> None:
+    """Multi-turn episodes."""
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()
     c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools) or "module:Class"
@@ -121,6 +152,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "Observation:"); the string stays in the turn, the tokens drawn after it are dropped.
     c.env.stop_strings = ()
 
+
+def _advantage(c: ml_collections.ConfigDict) -> None:
+    """The advantage estimator."""
     c.advantage = ml_collections.ConfigDict()
     c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp | none (distillation alone)
     c.advantage.scale = placeholder(str)  # group estimator: group | batch | none (Dr. GRPO)
@@ -133,6 +167,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.reinforce_pp_baseline = False  # REINFORCE++-baseline: subtract the group mean first
     c.advantage.bootstrap_truncated = False  # GAE: V(s_T) at the cut of a truncated completion instead of 0
 
+
+def _loss(c: ml_collections.ConfigDict) -> None:
+    """The policy loss: ratio, surrogate, clipping and aggregation; the KL penalty; the entropy bonus."""
     c.loss = ml_collections.ConfigDict()
     c.loss.ratio = placeholder(str)  # token | sequence (GSPO) | sequence_token (GSPO-token)
     c.loss.surrogate = placeholder(str)  # clip | sapo | cispo
@@ -158,6 +195,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.entropy_coef = placeholder(float)  # entropy bonus c_H
 
+
+def _dapo(c: ml_collections.ConfigDict) -> None:
+    """DAPO's sampling and length knobs."""
     c.dapo = ml_collections.ConfigDict()
     c.dapo.dynamic_sampling = placeholder(bool)  # drop groups with equal rewards and resample to fill the batch
     c.dapo.max_sample_rounds = 4  # bound on sampling rounds per step with dynamic sampling
@@ -165,6 +205,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.dapo.mask_truncated = placeholder(bool)  # exclude completions without EOS from the loss
     c.dapo.filter_on = ""  # what dynamic sampling filters on: "" = the rewards but length shaping | total | <fn>
 
+
+def _value(c: ml_collections.ConfigDict) -> None:
+    """The value model (PPO, VAPO)."""
     c.value = ml_collections.ConfigDict()
     c.value.enabled = placeholder(bool)  # train a value model (PPO)
     c.value.init = "policy"  # "policy" (copy of the policy backbone) or a HF *ForSequenceClassification dir
@@ -172,6 +215,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.value.clip = 0.2  # value clipping range around the old values; 0 = off
     c.value.pretrain_steps = 0  # VAPO: first steps train only the value model (on the returns), policy frozen
 
+
+def _distill(c: ml_collections.ConfigDict) -> None:
+    """On-policy distillation: the teacher and the distillation objective."""
     # On-policy distillation (docs/algorithms/distillation.md): on when teacher.path is set.
     c.teacher = ml_collections.ConfigDict()
     c.teacher.path = ""  # the teacher: local HF directory or hub name (same tokenizer as the policy); "" = none
@@ -185,10 +231,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.distill.lmbda = 1.0  # gkd: fraction of each batch's prompts on-policy (TRL's lmbda); the others supervised
     c.distill.seq_kd = False  # TRL's seq_kd (teacher-sampled supervised rows): refused, see distillation.md
 
+
+def _ref(c: ml_collections.ConfigDict) -> None:
+    """The reference model's refresh."""
     c.ref = ml_collections.ConfigDict()
     c.ref.refresh_every = 0  # > 0: every K steps, ref <- mix_alpha*policy + (1 - mix_alpha)*ref
     c.ref.mix_alpha = 1.0  # 1.0 replaces the reference by the policy
 
+
+def _train(c: ml_collections.ConfigDict) -> None:
+    """The updates on each rollout batch, and the optimizer."""
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 1  # passes over each rollout batch
     c.train.minibatches = 1  # optimizer steps per epoch (the batch splits into whole prompt groups)
@@ -209,6 +261,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer.eps = 1e-8
     c.optimizer.max_grad_norm = 1.0  # global-norm clipping; 0 = off
 
+
+def _mesh(c: ml_collections.ConfigDict) -> None:
+    """The device mesh."""
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1  # data-parallel axis; -1 takes the remaining devices
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
@@ -216,6 +271,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.expert = 1  # expert-parallel axis: shards the experts of mixture-of-experts models
     c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (r/P per host on P processes); docs/algorithms/async.md
 
+
+def _outputs(c: ml_collections.ConfigDict) -> None:
+    """What a run writes: checkpoints, logs, the exported model, the compilation cache."""
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # also saved at the end
     c.checkpoint.max_to_keep = 3
@@ -245,6 +303,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.compilation_cache.dir = "~/.cache/jaxrl_llm/jax"  # "" = off; $XDG_CACHE_HOME replaces ~/.cache; JAX_COMPILATION_CACHE_DIR wins
     c.compilation_cache.max_gb = 10.0  # beyond this the least recently used programs are evicted
 
+
+def _eval(c: ml_collections.ConfigDict) -> None:
+    """Held-out evaluation."""
     c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
     c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
     c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task
@@ -255,7 +316,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.temperature = 1.0  # 0 = greedy, then one sample per prompt (k = 1)
     c.eval.correct_threshold = 1.0  # a sample is correct when its score reaches this
     c.eval.rewards = ""  # comma-separated reward functions scoring the samples; "" = reward.functions/weights
-    return c
 
 
 def _set_path(c, path: str, value):

@@ -297,26 +297,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
                        norm_length=norm_length, denominator=denominator)
     shape = jnp.shape(logp)
     m = jnp.asarray(mask) != 0
-    # Sanitize first: masked positions become 0 and cannot put NaN/inf into values or gradients.
-    logp = jnp.where(m, jnp.asarray(logp, jnp.float32), 0.0)
-    old_logp = jnp.where(m, jnp.asarray(old_logp, jnp.float32), 0.0)
-    adv = jnp.asarray(advantages, jnp.float32)
-    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
-
-    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N,T)
-    if ratio == "token":
-        log_rho = log_ratio
-    else:
-        lengths = jnp.sum(m, axis=1).astype(jnp.float32)
-        # The mean of per-token values in [−20, 20] is itself ≥ −20, where exp underflows
-        # harmlessly to ~2e-9; only the upper side can overflow and needs the tighter clamp.
-        log_s = jnp.minimum(jnp.sum(log_ratio, axis=1) / jnp.maximum(lengths, 1.0),
-                            SEQ_LOG_RATIO_MAX)[:, None]  # (N,1)
-        if ratio == "sequence":
-            log_rho = jnp.broadcast_to(log_s, shape)
-        else:
-            log_rho = logp - lax.stop_gradient(logp) + lax.stop_gradient(log_s)
-    rho = jnp.exp(jnp.where(m, log_rho, 0.0))  # (N,T), 1 on masked positions
+    logp, old_logp, adv = _masked_inputs(logp, old_logp, advantages, m)
+    log_ratio, rho = _importance_ratio(logp, old_logp, m, ratio)
 
     lo = 1.0 - jnp.asarray(clip_low, jnp.float32)
     hi = 1.0 + jnp.asarray(clip_high, jnp.float32)
@@ -328,7 +310,43 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
         per_token = per_token * lax.stop_gradient(jnp.where(m, jnp.asarray(weights, jnp.float32), 0.0))
 
     loss = _reduce(per_token, m, aggregate, norm_length, denominator)
+    return loss, _policy_metrics(clipped, clipped_low, clipped_high, log_ratio, rho, m)
 
+
+def _masked_inputs(logp, old_logp, advantages, m):
+    """(logp, old_logp, adv): float32 (N,T) each, the (N,) advantages broadcast over tokens, all 0
+    where `m` (N,T) is False."""
+    # Sanitize first: masked positions become 0 and cannot put NaN/inf into values or gradients.
+    logp = jnp.where(m, jnp.asarray(logp, jnp.float32), 0.0)
+    old_logp = jnp.where(m, jnp.asarray(old_logp, jnp.float32), 0.0)
+    adv = jnp.asarray(advantages, jnp.float32)
+    adv = jnp.where(m, adv[:, None] if adv.ndim == 1 else adv, 0.0)
+    return logp, old_logp, adv
+
+
+def _importance_ratio(logp, old_logp, m, ratio):
+    """(log_ratio, rho), both (N,T): the per-token log ratio ℓ clamped to ±20, and the ρ of the `ratio`
+    mode (see `policy_loss`), 1 on masked positions. `logp`, `old_logp` already masked to 0."""
+    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N,T)
+    if ratio == "token":
+        log_rho = log_ratio
+    else:
+        lengths = jnp.sum(m, axis=1).astype(jnp.float32)
+        # The mean of per-token values in [−20, 20] is itself ≥ −20, where exp underflows
+        # harmlessly to ~2e-9; only the upper side can overflow and needs the tighter clamp.
+        log_s = jnp.minimum(jnp.sum(log_ratio, axis=1) / jnp.maximum(lengths, 1.0),
+                            SEQ_LOG_RATIO_MAX)[:, None]  # (N,1)
+        if ratio == "sequence":
+            log_rho = jnp.broadcast_to(log_s, jnp.shape(logp))
+        else:
+            log_rho = logp - lax.stop_gradient(logp) + lax.stop_gradient(log_s)
+    rho = jnp.exp(jnp.where(m, log_rho, 0.0))  # (N,T), 1 on masked positions
+    return log_ratio, rho
+
+
+def _policy_metrics(clipped, clipped_low, clipped_high, log_ratio, rho, m):
+    """policy_loss's diagnostics over the valid tokens of `m` (N,T), from the surrogate's (N,T) clip
+    flags, ℓ and ρ (N,T): a dict of float32 scalars, gradient stopped (see `policy_loss`)."""
     any_valid = jnp.any(m)
     one = jnp.float32(1.0)
     metrics = {
@@ -340,7 +358,7 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
         "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(m, rho, jnp.inf)), one),
         "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(m, rho, -jnp.inf)), one),
     }
-    return loss, jax.tree_util.tree_map(lax.stop_gradient, metrics)
+    return jax.tree_util.tree_map(lax.stop_gradient, metrics)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ rounding of differently shaped matrix products).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -109,16 +111,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     rows = jnp.arange(n)
     warps = dict(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, nucleus=nucleus, penalty=penalty,
                  min_p=min_p if use_min_p else None)
-
-    def draw(key, logits, seen, rows=None):
-        """Token, log-prob and behaviour log-prob of each row; `rows` (M,): the rows of `logits`, which draw
-        the uniforms these rows draw in the whole batch (None: all n rows, in order)."""
-        if row_block is None and rows is None:  # categorical draws (n,) uniforms from `key`
-            return draw_tokens(key, logits, seen=seen, **warps)
-        offset, total = row_block or (0, n)  # the same uniforms as the whole batch's, this block of them
-        uniform = jax.lax.dynamic_slice_in_dim(jax.random.uniform(key, (total,), jnp.float32), offset, n)
-        return draw_tokens(key, logits, seen=seen, uniform=uniform if rows is None else jnp.take(uniform, rows),
-                           **warps)
+    draw = functools.partial(_draw, warps=warps, row_block=row_block, n=n)
     # The repetition penalty's set per row: its prompt's tokens, then each token it draws (None: off).
     seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
     eos = jnp.asarray(eos_ids, jnp.int32)
@@ -145,61 +138,114 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     cache = init_cache(config, n, t_max)
     # NO_ROUTE until fed: a row's last drawn token never is, and the trainer's replay routes it afresh
     routes = jnp.full((config.num_layers, n, t_max, config.num_experts_per_tok), NO_ROUTE, jnp.int32) if moe else None
-
-    def decode(state, until, kept=None):
-        """Decode steps while a row is alive, until at most `until` are. kept None: all n rows in order
-        (their prompts' shared prefix, in-place column writes); else the (M,) rows `kept` (each with a copy
-        of its prompt's prefix; writes scattered to its row), state over those M rows."""
-        prompt = None if kept is None else kept // g
-        pre = prefix if kept is None else decode_rows(config, prefix, prompt)
-        pre_mask = prefix_mask if kept is None else jnp.take(prefix_mask, prompt, axis=0)
-        at = start if kept is None else jnp.take(start, kept)
-        m = n if kept is None else kept.shape[0]
-
-        def body(state):
-            t, tokens, logprobs, mask, done, cache, token, seen, routes = state
-            with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks_history.md)
-                hidden, cache, *experts = decode_step(config, params, weights, token, at + t, cache, t, pre,
-                                                      pre_mask, return_routes=moe)
-            with jax.named_scope("lm_head"):
-                logits = decode_logits(config, params, hidden)
-            with jax.named_scope("draw"):
-                key = jax.random.fold_in(rng, t + 1)
-                new, logp, blogp = draw(key, logits, seen=seen, rows=kept)  # kept rows: their own uniforms
-            alive = ~done
-            new = jnp.where(alive, new, pad_id)
-            both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (M,2): one update for the pair
-            tokens, logprobs, mask, routes = _record(tokens, logprobs, mask, routes, kept, t, new, both,
-                                                     alive.astype(jnp.int32), experts[0] if moe else None)
-            done = done | jnp.isin(new, eos)
-            seen = None if seen is None else mark(seen, jnp.arange(m), new)
-            return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
-
-        def cond(state):
-            t, done = state[0], state[4]
-            return (t < t_max - 1) & (jnp.sum(~done) > until)
-
-        return jax.lax.while_loop(cond, body, state)
+    dec = _Decoder(config=config, params=params, weights=weights, prefix=prefix, prefix_mask=prefix_mask, start=start,
+                   rng=rng, draw=draw, eos=eos, pad_id=pad_id, t_max=t_max, g=g, n=n, moe=moe)
 
     # All n rows decode together; with `phases`, once at most phases[0] rows are alive the decode goes on
     # over phases[0] rows (the alive ones first, their caches gathered), and so on: a decode step's cost
     # grows with its rows (on a CPU nearly in proportion), and with heavy-tailed lengths most steps have
     # few rows left. Every row draws the uniforms it draws in the full batch: the same tokens (up to rounding).
     until = (*phases, 0)  # each loop's exit: at most this many rows alive (0: every row has ended)
-    state = decode((jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), until[0])
+    state = _decode(dec, (jnp.int32(0), tokens, logprobs, mask, done, cache, token, seen, routes), until[0])
     kept = None
     for i, m in enumerate(phases):
-        t, tokens, logprobs, mask, done, cache, token, seen, routes = state
-        sel = jnp.argsort(done, stable=True)[:m]  # the alive rows first (at most m: the loop ran until then)
-        kept = sel if kept is None else jnp.take(kept, sel)
-        state = (t, tokens, logprobs, mask, jnp.take(done, sel), decode_rows(config, cache, sel), jnp.take(token, sel),
-                 None if seen is None else jnp.take(seen, sel, axis=0), routes)
-        state = decode(state, until[i + 1], kept)
+        state, kept = _shrink(config, state, kept, m)
+        state = _decode(dec, state, until[i + 1], kept)
     _, tokens, logprobs, mask, _, _, _, _, routes = state
+    return _assemble(tokens, logprobs, mask, routes, prompts, prompt_mask, prompt_routes[0] if moe else None, g, eos)
+
+
+def _draw(key, logits, seen, rows=None, *, warps, row_block, n):
+    """Token, log-prob and behaviour log-prob of each row, (M,) each, from `logits` (M,V) warped by `warps`;
+    `rows` (M,): the rows of `logits`, which draw the uniforms these rows draw in the whole batch (None: all
+    n rows, in order)."""
+    if row_block is None and rows is None:  # categorical draws (n,) uniforms from `key`
+        return draw_tokens(key, logits, seen=seen, **warps)
+    offset, total = row_block or (0, n)  # the same uniforms as the whole batch's, this block of them
+    uniform = jax.lax.dynamic_slice_in_dim(jax.random.uniform(key, (total,), jnp.float32), offset, n)
+    return draw_tokens(key, logits, seen=seen, uniform=uniform if rows is None else jnp.take(uniform, rows),
+                       **warps)
+
+
+class _Decoder(NamedTuple):
+    """What every decode step of one `generate_program` trace reads: fixed for the whole program."""
+
+    config: Any
+    params: Any
+    weights: Any  # the layer weights fused once (decode_prepare)
+    prefix: Any  # the prompts' keys/values (L,B,...), laid out once (decode_prepare)
+    prefix_mask: jax.Array  # (B,P) bool
+    start: jax.Array  # (N,) position of each row's first new token
+    rng: jax.Array  # token t is drawn from fold_in(rng, t)
+    draw: Callable  # _draw with the program's warps and row block
+    eos: jax.Array  # (E,) int32
+    pad_id: int
+    t_max: int
+    g: int
+    n: int
+    moe: bool
+
+
+def _decode(d: _Decoder, state, until, kept=None):
+    """Decode steps while a row is alive, until at most `until` are. kept None: all n rows in order
+    (their prompts' shared prefix, in-place column writes); else the (M,) rows `kept` (each with a copy
+    of its prompt's prefix; writes scattered to its row), state over those M rows."""
+    prompt = None if kept is None else kept // d.g
+    pre = d.prefix if kept is None else decode_rows(d.config, d.prefix, prompt)
+    pre_mask = d.prefix_mask if kept is None else jnp.take(d.prefix_mask, prompt, axis=0)
+    at = d.start if kept is None else jnp.take(d.start, kept)
+    m = d.n if kept is None else kept.shape[0]
+
+    def body(state):
+        return _decode_step(d, pre, pre_mask, at, kept, m, state)
+
+    def cond(state):
+        t, done = state[0], state[4]
+        return (t < d.t_max - 1) & (jnp.sum(~done) > until)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def _decode_step(d: _Decoder, pre, pre_mask, at, kept, m, state):
+    """The decode loop's body: feeds token t of the M rows (cache slot t, position `at` (M,) + t, the
+    prompt prefix `pre` / `pre_mask`), draws and records token t+1, and marks the rows that drew an EOS."""
+    t, tokens, logprobs, mask, done, cache, token, seen, routes = state
+    with jax.named_scope("layers"):  # the scopes name the stages in profiles (docs/benchmarks_history.md)
+        hidden, cache, *experts = decode_step(d.config, d.params, d.weights, token, at + t, cache, t, pre,
+                                              pre_mask, return_routes=d.moe)
+    with jax.named_scope("lm_head"):
+        logits = decode_logits(d.config, d.params, hidden)
+    with jax.named_scope("draw"):
+        key = jax.random.fold_in(d.rng, t + 1)
+        new, logp, blogp = d.draw(key, logits, seen=seen, rows=kept)  # kept rows: their own uniforms
+    alive = ~done
+    new = jnp.where(alive, new, d.pad_id)
+    both = jnp.where(alive[:, None], jnp.stack([logp, blogp], 1), 0.0)  # (M,2): one update for the pair
+    tokens, logprobs, mask, routes = _record(tokens, logprobs, mask, routes, kept, t, new, both,
+                                             alive.astype(jnp.int32), experts[0] if d.moe else None)
+    done = done | jnp.isin(new, d.eos)
+    seen = None if seen is None else mark(seen, jnp.arange(m), new)
+    return t + 1, tokens, logprobs, mask, done, cache, new, seen, routes
+
+
+def _shrink(config, state, kept, m):
+    """(state over m rows, kept (m,)): the decode `state` cut to its alive rows, moved first (at most m:
+    the loop ran until then), their caches gathered; `kept` maps them to their rows of the N (None: all)."""
+    t, tokens, logprobs, mask, done, cache, token, seen, routes = state
+    sel = jnp.argsort(done, stable=True)[:m]  # the alive rows first (at most m: the loop ran until then)
+    kept = sel if kept is None else jnp.take(kept, sel)
+    state = (t, tokens, logprobs, mask, jnp.take(done, sel), decode_rows(config, cache, sel), jnp.take(token, sel),
+             None if seen is None else jnp.take(seen, sel, axis=0), routes)
+    return state, kept
+
+
+def _assemble(tokens, logprobs, mask, routes, prompts, prompt_mask, prompt_routes, g, eos):
+    """The Rollout of the decode's outputs: tokens (N,T), logprobs (N,2,T) (trainer's, behaviour), mask (N,T),
+    routes (L,N,T,k) or None; prompts / prompt_mask (B,P) and prompt_routes (L,B,P,k) or None, repeated G times."""
     # Ended: an EOS among its tokens (a loop that stops at T may leave more alive rows than a phase keeps).
     done = jnp.any(jnp.isin(tokens, eos) & (mask == 1), axis=-1)
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1),
                    truncated=~done, prompt_tokens=jnp.repeat(prompts, g, axis=0),
                    prompt_mask=jnp.repeat(prompt_mask, g, axis=0), routes=routes,
-                   prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None)
+                   prompt_routes=None if prompt_routes is None else jnp.repeat(prompt_routes, g, axis=1))

@@ -63,9 +63,11 @@ def one_run(label: str, algo: str, seed: int | None, steps: int | None, extra: t
     with tempfile.TemporaryDirectory() as work:
         wall, rows = run(algo, steps, work, args)
     r = np.array([row["reward/mean"] for row in rows if "reward/mean" in row])  # step 0: evaluation only
+    entropy = np.array([row["policy/entropy"] for row in rows if "policy/entropy" in row])
     curve, ends = held_out(rows)
     return dict(label=label, algo=algo, seed=seed, wall=wall, steps=len(r), rewards=r.round(5).tolist(),
-                eval=curve.tolist(), **{k: list(v) for k, v in ends.items()}, **bar(r))
+                entropy=entropy.round(4).tolist(), eval=curve.tolist(), **{k: list(v) for k, v in ends.items()},
+                **bar(r))
 
 
 def load_records(path: str | None) -> list[dict]:

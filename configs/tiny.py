@@ -63,7 +63,7 @@ def get_config(arg=None):
     c.kl.coef = 0.02
     if algo == "dr_grpo":
         c.kl.coef = 0.005  # its advantages are not divided by the group std: ~5x smaller than GRPO's
-    if preset_defaults(algo, 0)["kl.placement"] == "loss":
+    if algo in ALGOS and preset_defaults(algo, 0)["kl.placement"] == "loss":  # an unknown algo: prepare's error
         # k3+ (k3's value, k2's gradient), not k3: differentiated in the loss, k3's gradient is that of the
         # *forward* KL(ref || policy), whose pull towards the near-uniform reference stays ~(policy - uniform)
         # however sharp the policy gets. Once most groups score alike the reward's gradient fades, Adam takes

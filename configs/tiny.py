@@ -70,8 +70,8 @@ def get_config(arg=None):
         # however sharp the policy gets. Once most groups score alike the reward's gradient fades, Adam takes
         # full-size steps along that steady pull, and a run can lose late what it learned (seed 0 on a Zen 5
         # host: 0.5 -> 0.3 after step ~430, with an entropy rebound). k3+'s is the reverse KL's, here minus
-        # the entropy's, which fades as the policy sharpens: the floor that keeps early exploration without
-        # the late pull (docs/algorithms/grpo.md, "KL to the reference").
+        # the entropy's, which fades as the policy sharpens (docs/algorithms/grpo.md, "KL to the reference";
+        # README: the ten-seed counts).
         # DAPO keeps k3: it trains only on groups whose rewards vary, so a policy that turned deterministic
         # early has nothing left to learn from but the KL; k3's steady pull is what restores its exploration
         # (seeds 0-9 on one host: with k3+ five settled at a reward of 0.2-0.36, with k3 one, at 0.2).

@@ -27,6 +27,12 @@ from jaxrl_llm.models.config import ModelConfig
 NO_ROUTE = -1  # a recorded route's id for a token the sampler never fed: `route` routes it afresh
 
 
+def unrecorded_routes(config: ModelConfig, rows: int, tokens: int) -> jax.Array:
+    """(L, rows, tokens, k) int32 `NO_ROUTE`: a sampler's route record before any token is fed (a row's
+    last drawn token never is, and the trainer's replay then routes it afresh)."""
+    return jnp.full((config.num_layers, rows, tokens, config.num_experts_per_tok), NO_ROUTE, jnp.int32)
+
+
 def route(config: ModelConfig, logits: jax.Array, replay: jax.Array | None = None):
     """logits (M,E) -> (weights (M,k), experts (M,k) int32, probs (M,E)), probabilities in float32 (float64
     under a float64 compute dtype, for the tests' references).

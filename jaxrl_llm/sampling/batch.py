@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_rows, decode_step, init_cache, prefill
-from jaxrl_llm.models.moe import NO_ROUTE
+from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
 
 
@@ -136,8 +136,7 @@ def generate_program(config, params, prompts, prompt_mask, rng, temperature, top
     # prefix re-laid out once here, outside the loop.
     weights, prefix = decode_prepare(config, params, prefix_kv)
     cache = init_cache(config, n, t_max)
-    # NO_ROUTE until fed: a row's last drawn token never is, and the trainer's replay routes it afresh
-    routes = jnp.full((config.num_layers, n, t_max, config.num_experts_per_tok), NO_ROUTE, jnp.int32) if moe else None
+    routes = unrecorded_routes(config, n, t_max) if moe else None
     dec = _Decoder(config=config, params=params, weights=weights, prefix=prefix, prefix_mask=prefix_mask, start=start,
                    rng=rng, draw=draw, eos=eos, pad_id=pad_id, t_max=t_max, g=g, n=n, moe=moe)
 

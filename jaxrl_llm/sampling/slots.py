@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import (decode_logits, decode_prepare, decode_rows, decode_step, init_cache,
                                  prefill)
-from jaxrl_llm.models.moe import NO_ROUTE
+from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.sampling.batch import Rollout
 from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
 
@@ -70,8 +70,7 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
     mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
-    # NO_ROUTE until fed: a row's last drawn token never is, and the trainer's replay routes it afresh
-    routes = jnp.full((config.num_layers, n, t_max, config.num_experts_per_tok), NO_ROUTE, jnp.int32) if moe else None
+    routes = unrecorded_routes(config, n, t_max) if moe else None
 
     # The rows still to decode, in row order, then the sentinel n ("no row": an idle slot).
     pending = ~jnp.isin(first, eos) & (t_max > 1)

@@ -56,7 +56,7 @@ from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import (decode_layer_weights, decode_logits, decode_prepare, decode_step, decode_unrolled,
                                  init_cache, prefill)
-from jaxrl_llm.models.moe import NO_ROUTE
+from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.models.precision import precise
 from jaxrl_llm.models.transformer import Decoder
 from jaxrl_llm.sampling.draw import check_penalties, draw_tokens, row_uniforms
@@ -105,8 +105,7 @@ def _start(config, params, prompts, prompt_mask, *, num_samples, capacity, penal
     hidden, kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False, return_routes=moe)
     _, prefix = decode_prepare(config, params, kv)
     n = prompts.shape[0] * num_samples
-    # NO_ROUTE until fed: the episode's last drawn token never is, and the trainer's replay routes it afresh
-    routes = jnp.full((config.num_layers, n, capacity, config.num_experts_per_tok), NO_ROUTE, jnp.int32) if moe else None
+    routes = unrecorded_routes(config, n, capacity) if moe else None
     return Episode(prefix=prefix, prefix_mask=prompt_mask.astype(bool),
                    prompt_len=jnp.repeat(jnp.sum(prompt_mask.astype(jnp.int32), -1), num_samples),
                    cache=init_cache(config, n, capacity), length=jnp.zeros((n,), jnp.int32),

@@ -64,7 +64,7 @@ def rollout_metrics(first: dict, info: dict, G: int, dynamic_sampling: bool) -> 
         if not sup.all():  # whole groups are supervised, so the groups of the rest stay whole
             scores, lengths, truncated = scores[~sup], lengths[~sup], truncated[~sup]
     groups = scores.reshape(-1, G)
-    m = {**extra,"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
+    m = {**extra, "reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
          "reward/frac_zero_std": float(np.mean(groups.std(axis=1) == 0)) if G > 1 else 0.0,
          "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
          "response_length/min": float(lengths.min()), "response_length/clip_ratio": float(truncated.mean())}

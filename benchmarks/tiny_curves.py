@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from harness.report import machine_description
 from harness.runs import ROOT, held_out, run
 
 ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "sapo", "ppo")
@@ -182,21 +182,10 @@ def main():
               f"[{s['final'][1]:.3f}, {s['final'][2]:.3f}]", flush=True)
     plot(summaries, args.out, f"from a {args.base_steps}-step base" if args.lora_rank else "from a random init")
     lines = table(summaries, args.jobs)
-    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    lines.append(f"\n(host: {cpu_name()} ({host}))")
+    lines.append(f"\n(host: {machine_description()})")
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def cpu_name() -> str:
-    """The CPU's model name and family (Linux), else the platform's word for it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = {k.strip(): v for k, v in (line.split(":", 1) for line in f if ":" in line)}
-        return f"{info['model name'].strip()}, CPU family {info['cpu family'].strip()}"
-    except (OSError, KeyError):
-        return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

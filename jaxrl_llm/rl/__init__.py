@@ -4,6 +4,7 @@
 This package imports no other package of jaxrl_llm. See docs/algorithms/ for which options select PPO,
 GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, GSPO, GSPO-token, SAPO and CISPO.
 """
+from jaxrl_llm.rl.aggregation import AGGREGATE_MODES, aggregate, aggregate_denominator, aggregate_parts, aggregate_sum
 from jaxrl_llm.rl.advantages import (
     ADVANTAGE_SCALES,
     adaptive_lam,
@@ -18,19 +19,7 @@ from jaxrl_llm.rl.advantages import (
 from jaxrl_llm.rl.correction import CORRECTION_MODES, MASK_MODES, correction_bounds, rollout_correction
 from jaxrl_llm.rl.distill import DISTILL_KINDS, generalized_jsd, opd_advantages
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
-from jaxrl_llm.rl.losses import (
-    AGGREGATE_MODES,
-    KL_KINDS,
-    RATIOS,
-    SURROGATES,
-    aggregate,
-    aggregate_denominator,
-    aggregate_parts,
-    aggregate_sum,
-    kl_penalty,
-    policy_loss,
-    value_loss,
-)
+from jaxrl_llm.rl.losses import KL_KINDS, RATIOS, SURROGATES, kl_penalty, policy_loss, value_loss
 from jaxrl_llm.rl.objective import ESTIMATORS, KL_PLACEMENTS, Estimator, Objective, register_estimator
 
 __all__ = [

@@ -1,15 +1,12 @@
-"""Losses: KL estimators, loss aggregation, policy surrogates (PPO-clip, GSPO, SAPO, CISPO) and the
-value loss.
+"""Losses: KL estimators, the policy loss (PPO-clip, GSPO, SAPO, CISPO surrogates) and the value loss.
 
 Pure, jit-able functions of float32 arrays; the formulas are those of docs/design.md ("The math"). Shapes:
 N rows, T tokens, V vocabulary; `mask` (N,T) is 1 on valid tokens. Masked positions may hold
 anything: they are selected away with `where` before any arithmetic, so they contribute neither to
 values nor to gradients, and a row with zero valid tokens never divides by zero.
 
-Global normalization. Every aggregation is `aggregate_sum / aggregate_denominator`, and both parts
-are additive over rows. With minibatches or gradient accumulation, the trainer computes the
-denominator once over the whole optimizer batch and passes it as `denominator=`; the minibatch
-losses (and gradients) then sum exactly to those of the full batch.
+Each loss is reduced to a scalar by jaxrl_llm.rl.aggregation, over the mask alone or over the trainer's
+global `denominator=` of the whole optimizer batch (so minibatch losses add up to the batch loss).
 
 Argument errors (shapes, unknown mode strings, out-of-range constants) raise `ValueError` at trace
 time, naming the argument.
@@ -20,42 +17,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrl_llm.rl.aggregation import (AGGREGATE_MODES, check_denominator, check_norm_length, reduce_tokens,
+                                     token_mean, token_var)
 from jaxrl_llm.rl.checks import check_2d, check_choice, check_positive, check_shape, static_float
-
 from jaxrl_llm.rl.surrogates import SURROGATES
 
-AGGREGATE_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                   "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3", "k3+")
 RATIOS = ("token", "sequence", "sequence_token")
 
 LOG_RATIO_CLAMP = 20.0  # per-token |log ρ| bound: exp(20) ≈ 5e8 is finite in float32
 SEQ_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's log s_i
-_TINY = float(jnp.finfo(jnp.float32).tiny)
-
-
-# --------------------------------------------------------------------------------------------------
-# Argument checks of this module (jaxrl_llm.rl.checks has the shared ones)
-# --------------------------------------------------------------------------------------------------
-
-
-def _check_denominator(fn, denominator):
-    if denominator is not None and jnp.ndim(denominator) != 0:
-        raise ValueError(f"{fn}: denominator must be a scalar, got shape {jnp.shape(denominator)}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Small masked statistics (over valid tokens)
-# --------------------------------------------------------------------------------------------------
-
-def _token_mean(x, m):
-    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1).astype(jnp.float32)
-
-
-def _token_var(x, m):
-    """Population variance over valid tokens (0 when nothing is valid)."""
-    mean = _token_mean(x, m)
-    return _token_mean(jnp.square(x - mean), m)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,116 +70,6 @@ def kl_penalty(logp, ref_logp, kind="k3"):
 
 
 # --------------------------------------------------------------------------------------------------
-# Aggregation
-# --------------------------------------------------------------------------------------------------
-
-def _agg_args(fn, x, mask, mode):
-    check_choice(fn, "mode", mode, AGGREGATE_MODES)
-    check_2d(fn, "mask", mask)
-    if x is not None:
-        check_shape(fn, "x", x, jnp.shape(mask))
-    return jnp.asarray(mask) != 0
-
-
-def _sum(x, m, mode):
-    xm = jnp.where(m, jnp.asarray(x, jnp.float32), 0.0)
-    if mode == "seq-mean-token-mean":
-        lengths = jnp.sum(m, axis=1).astype(jnp.float32)
-        # Empty rows have row sum 0, so dividing them by 1 adds nothing.
-        return jnp.sum(jnp.sum(xm, axis=1) / jnp.maximum(lengths, 1.0))
-    # token-mean, seq-mean-token-sum and seq-mean-token-sum-norm share the plain masked sum.
-    return jnp.sum(xm)
-
-
-def _denominator(m, mode, norm_length):
-    if mode == "token-mean":
-        return jnp.sum(m).astype(jnp.float32)
-    if mode == "seq-mean-token-sum-norm":
-        length = m.shape[1] if norm_length is None else norm_length
-        return jnp.asarray(m.shape[0] * length, jnp.float32)
-    return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)  # non-empty rows
-
-
-def _check_norm_length(fn, norm_length):
-    if norm_length is not None:
-        check_positive(fn, "norm_length", norm_length)
-
-
-def aggregate_sum(x, mask, mode):
-    """Numerator of `aggregate`: additive over rows, so minibatch sums add up to the batch sum.
-
-    token-mean, seq-mean-token-sum, seq-mean-token-sum-norm: Σ_it x·m;
-    seq-mean-token-mean: Σ_i (Σ_t x·m)/|o_i| over non-empty rows.
-
-    Args:
-      x: (N,T) per-token quantity.
-      mask: (N,T) valid-token mask.
-      mode: one of AGGREGATE_MODES.
-
-    Returns:
-      float32 scalar.
-    """
-    m = _agg_args("aggregate_sum", x, mask, mode)
-    return _sum(x, m, mode)
-
-
-def aggregate_denominator(mask, mode, *, norm_length=None):
-    """Denominator of `aggregate` for this mask: additive over rows.
-
-    token-mean: Σ m; seq-mean-*: number of rows with at least one valid token;
-    seq-mean-token-sum-norm: N·L with L = norm_length (default T).
-
-    Args:
-      mask: (N,T) valid-token mask.
-      mode: one of AGGREGATE_MODES.
-      norm_length: L > 0 for seq-mean-token-sum-norm (ignored by the other modes).
-
-    Returns:
-      float32 scalar.
-    """
-    fn = "aggregate_denominator"
-    m = _agg_args(fn, None, mask, mode)
-    _check_norm_length(fn, norm_length)
-    return _denominator(m, mode, norm_length)
-
-
-def aggregate_parts(x, mask, mode, *, norm_length=None):
-    """The (sum, denominator) form of `aggregate`: both float32 scalars."""
-    fn = "aggregate_parts"
-    m = _agg_args(fn, x, mask, mode)
-    _check_norm_length(fn, norm_length)
-    return _sum(x, m, mode), _denominator(m, mode, norm_length)
-
-
-def aggregate(x, mask, mode, *, norm_length=None):
-    """Reduce a per-token quantity to a scalar (docs/design.md, "Aggregation").
-
-    token-mean: Σ x·m / Σ m (DAPO); seq-mean-token-mean: mean over non-empty rows of the row's
-    token mean (GRPO, GSPO); seq-mean-token-sum: mean over non-empty rows of the row's token sum;
-    seq-mean-token-sum-norm: Σ x·m / (N·L) (Dr. GRPO).
-
-    Args:
-      x: (N,T) per-token quantity.
-      mask: (N,T) valid-token mask.
-      mode: one of AGGREGATE_MODES.
-      norm_length: L for seq-mean-token-sum-norm, default T.
-
-    Returns:
-      float32 scalar, aggregate_sum / max(aggregate_denominator, tiny): 0 for an empty batch.
-    """
-    s, d = aggregate_parts(x, mask, mode, norm_length=norm_length)
-    return s / jnp.maximum(d, _TINY)
-
-
-def _reduce(per_token, m, mode, norm_length, denominator):
-    """Aggregate `per_token`, dividing by the trainer's global `denominator` when given."""
-    s = _sum(per_token, m, mode)
-    d = _denominator(m, mode, norm_length) if denominator is None else jnp.asarray(
-        denominator, jnp.float32)
-    return s / jnp.maximum(d, _TINY)
-
-
-# --------------------------------------------------------------------------------------------------
 # Policy loss
 # --------------------------------------------------------------------------------------------------
 
@@ -246,8 +107,8 @@ def _check_policy_args(logp, old_logp, advantages, mask, *, ratio, surrogate, cl
     check_positive(fn, "sapo_tau_pos", sapo_tau_pos)
     check_positive(fn, "sapo_tau_neg", sapo_tau_neg)
     check_positive(fn, "cispo_max", cispo_max)
-    _check_norm_length(fn, norm_length)
-    _check_denominator(fn, denominator)
+    check_norm_length(fn, norm_length)
+    check_denominator(fn, denominator)
 
 
 def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="clip",
@@ -309,7 +170,7 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio="token", surrogate="c
         check_shape("policy_loss", "weights", weights, shape)
         per_token = per_token * lax.stop_gradient(jnp.where(m, jnp.asarray(weights, jnp.float32), 0.0))
 
-    loss = _reduce(per_token, m, aggregate, norm_length, denominator)
+    loss = reduce_tokens(per_token, m, aggregate, norm_length, denominator)
     return loss, _policy_metrics(clipped, clipped_low, clipped_high, log_ratio, rho, m)
 
 
@@ -350,11 +211,11 @@ def _policy_metrics(clipped, clipped_low, clipped_high, log_ratio, rho, m):
     any_valid = jnp.any(m)
     one = jnp.float32(1.0)
     metrics = {
-        "clipfrac": _token_mean(clipped.astype(jnp.float32), m),
-        "clipfrac_low": _token_mean(clipped_low.astype(jnp.float32), m),
-        "clipfrac_high": _token_mean(clipped_high.astype(jnp.float32), m),
-        "approx_kl": _token_mean(jnp.expm1(log_ratio) - log_ratio, m),
-        "ratio_mean": jnp.where(any_valid, _token_mean(rho, m), one),
+        "clipfrac": token_mean(clipped.astype(jnp.float32), m),
+        "clipfrac_low": token_mean(clipped_low.astype(jnp.float32), m),
+        "clipfrac_high": token_mean(clipped_high.astype(jnp.float32), m),
+        "approx_kl": token_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": jnp.where(any_valid, token_mean(rho, m), one),
         "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(m, rho, jnp.inf)), one),
         "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(m, rho, -jnp.inf)), one),
     }
@@ -392,8 +253,8 @@ def value_loss(values, old_values, returns, mask, *, clip=None, aggregate="token
     check_shape(fn, "mask", mask, shape)
     if clip is not None:
         check_positive(fn, "clip", clip)
-    _check_norm_length(fn, norm_length)
-    _check_denominator(fn, denominator)
+    check_norm_length(fn, norm_length)
+    check_denominator(fn, denominator)
 
     m = jnp.asarray(mask) != 0
     v = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
@@ -408,11 +269,11 @@ def value_loss(values, old_values, returns, mask, *, clip=None, aggregate="token
         c = jnp.asarray(clip, jnp.float32)
         err_clipped = jnp.square(v_old + jnp.clip(v - v_old, -c, c) - r)
         per_token = jnp.maximum(err, err_clipped)
-        clipfrac = _token_mean((err_clipped > err).astype(jnp.float32), m)
-    loss = 0.5 * _reduce(per_token, m, aggregate, norm_length, denominator)
+        clipfrac = token_mean((err_clipped > err).astype(jnp.float32), m)
+    loss = 0.5 * reduce_tokens(per_token, m, aggregate, norm_length, denominator)
 
-    var_r = _token_var(r, m)
-    explained = jnp.where(var_r > 0, 1.0 - _token_var(r - v, m) / jnp.where(var_r > 0, var_r, 1.0),
+    var_r = token_var(r, m)
+    explained = jnp.where(var_r > 0, 1.0 - token_var(r - v, m) / jnp.where(var_r > 0, var_r, 1.0),
                           0.0)
-    metrics = {"clipfrac": clipfrac, "explained_var": explained, "mean": _token_mean(v, m)}
+    metrics = {"clipfrac": clipfrac, "explained_var": explained, "mean": token_mean(v, m)}
     return loss, jax.tree_util.tree_map(lax.stop_gradient, metrics)

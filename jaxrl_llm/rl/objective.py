@@ -34,14 +34,14 @@ import jax.numpy as jnp
 
 from jax import lax
 
+from jaxrl_llm.rl.aggregation import AGGREGATE_MODES, aggregate, aggregate_denominator, aggregate_sum
 from jaxrl_llm.rl.advantages import (ADVANTAGE_SCALES, adaptive_lam, gae, group_advantages, group_process_advantages,
                                      reinforce_pp_advantages, rloo_advantages, token_rewards, whiten)
 from jaxrl_llm.rl.correction import CORRECTION_MODES, rollout_correction
 from jaxrl_llm.rl.distill import DISTILL_KINDS, distill_stats, opd_advantages
 from jaxrl_llm.rl.kl_control import AdaptiveKLController, FixedKLController
 from jaxrl_llm.rl.router import router_losses
-from jaxrl_llm.rl.losses import (AGGREGATE_MODES, KL_KINDS, LOG_RATIO_CLAMP, RATIOS, SURROGATES, aggregate,
-                                 aggregate_denominator, aggregate_sum, kl_penalty, policy_loss, value_loss)
+from jaxrl_llm.rl.losses import KL_KINDS, LOG_RATIO_CLAMP, RATIOS, SURROGATES, kl_penalty, policy_loss, value_loss
 
 KL_PLACEMENTS = ("loss", "reward")  # β·KL added to the loss (GRPO) or subtracted from token rewards (PPO)
 

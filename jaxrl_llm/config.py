@@ -159,7 +159,7 @@ def _advantage(c: ml_collections.ConfigDict) -> None:
     c.advantage.estimator = placeholder(str)  # gae | group | group_process | rloo | reinforce_pp | none (distillation alone)
     c.advantage.scale = placeholder(str)  # group estimator: group | batch | none (Dr. GRPO)
     c.advantage.eps = 1e-6  # added to the std of group advantages
-    c.advantage.whiten = placeholder(bool)  # whiten GAE advantages over the batch's valid tokens
+    c.advantage.whiten = placeholder(bool)  # whiten over the batch: GAE's per token, RLOO's per row
     c.advantage.gamma = 1.0  # discount (GAE, REINFORCE++)
     c.advantage.lam = 0.95  # GAE lambda of the policy advantages
     c.advantage.lam_value = 1.0  # GAE lambda of the value targets (decoupled GAE); -1 = advantage.lam (classic PPO)

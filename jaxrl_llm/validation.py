@@ -186,6 +186,10 @@ def _validate_advantage(c) -> None:
         _fail("rollout.group_size", f"at least 2 for algo {c.algo} (group baselines need G >= 2)",
               c.rollout.group_size)
     _check_choice(c, "advantage.scale", rl.ADVANTAGE_SCALES)
+    _check(c, "advantage.whiten", lambda v: isinstance(v, bool), "True or False")
+    if c.advantage.whiten and not estimator.whitens:
+        _fail("advantage.whiten", f"False with the {c.advantage.estimator} estimator (only gae and rloo whiten; "
+              "group's batch-scale form is advantage.scale=batch)", True)
     _check(c, "advantage.eps", lambda v: _is_num(v) and v > 0, "a number > 0")
     for f in ("advantage.gamma", "advantage.lam"):
         _check(c, f, lambda v: _is_num(v) and 0 <= v <= 1, "in [0, 1]")

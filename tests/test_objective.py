@@ -170,3 +170,37 @@ def test_kl_controller_from_the_objective():
 def test_estimator_registry_lives_in_rl():
     assert set(rl.ESTIMATORS) == {"gae", "group", "group_process", "rloo", "reinforce_pp", "none"}
     assert objective_lib.ESTIMATORS is rl.ESTIMATORS
+
+
+def test_rloo_whitened_over_the_rows_the_loss_sees_matches_a_loop():
+    """advantage.whiten with RLOO: the leave-one-out advantages, then zero mean and unit (ddof=1) std over
+    the on-policy rows that have loss tokens; a row without loss tokens and a supervised row get 0 and
+    move nothing. Reference: Python loops."""
+    rng = np.random.default_rng(3)
+    n, t, g = 12, 4, 4
+    c = prepared("rloo", **{"rollout.group_size": g, "advantage.whiten": True, "kl.coef": 0.0})
+    o = rl.Objective.from_config(c)
+    b = _batch(rng, n, t, g)
+    loss_mask = np.array(b["loss_mask"])
+    loss_mask[5] = 0.0  # e.g. a masked truncation
+    supervised = np.zeros(n, np.float32)
+    supervised[9] = 1.0
+    b = {**b, "loss_mask": jnp.asarray(loss_mask), "supervised": jnp.asarray(supervised),
+         "behavior_logp": b["old_logp"], "is_weights": jnp.ones((n, t))}
+    out, _ = o.prepare(b, jnp.float32(0.0))
+    s = np.array(b["scores"], np.float64)
+    loo = [s[i] - sum(s[j] for j in range(i // g * g, i // g * g + g) if j != i) / (g - 1) for i in range(n)]
+    rows = [i for i in range(n) if loss_mask[i].any() and not supervised[i]]
+    mean = sum(loo[i] for i in rows) / len(rows)
+    var = sum((loo[i] - mean) ** 2 for i in rows) / (len(rows) - 1)
+    want = [(loo[i] - mean) / np.sqrt(var + 1e-8) if i in rows else 0.0 for i in range(n)]
+    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
+    # only the scale and shift differ from plain RLOO: a mutation that whitens over every row is caught
+    plain = rl.Objective.from_config(prepared("rloo", **{"rollout.group_size": g, "kl.coef": 0.0}))
+    np.testing.assert_allclose(plain.prepare(b, jnp.float32(0.0))[0]["adv"], loo, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "reinforce_pp"])
+def test_whiten_is_refused_where_the_estimator_ignores_it(algo):
+    with pytest.raises(ValueError, match="advantage.whiten must be False with the"):
+        prepared(algo, **{"advantage.whiten": True})

@@ -65,23 +65,25 @@ class Estimator:
     value: bool  # needs a value model (batch["old_values"])
     token_rewards: bool  # sees per-token rewards (else the KL in the reward is summed into the score)
     process: bool = False  # reads process rewards: batch["process_rewards"], batch["process_mask"] (N,T)
+    whitens: bool = False  # honours `advantage.whiten` (Objective.whiten)
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_estimator(name: str, *, group: bool = False, value: bool = False, token_rewards: bool = False,
-                       process: bool = False):
+                       process: bool = False, whitens: bool = False):
     """Registers `fn(objective, batch, penalty)` under `name`, the value `advantage.estimator` takes."""
     def decorator(fn):
         if name in ESTIMATORS and ESTIMATORS[name].fn is not fn:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(fn, group=group, value=value, token_rewards=token_rewards, process=process)
+        ESTIMATORS[name] = Estimator(fn, group=group, value=value, token_rewards=token_rewards, process=process,
+                                     whitens=whitens)
         return fn
     return decorator
 
 
-@register_estimator("gae", value=True, token_rewards=True)
+@register_estimator("gae", value=True, token_rewards=True, whitens=True)
 def _gae(o: Objective, b, penalty):
     """PPO: GAE over per-token rewards (score on the last token, minus β·KL), optionally whitened."""
     mask = b["mask"]
@@ -107,10 +109,13 @@ def _group_process(o: Objective, b, penalty):
     return group_process_advantages(b["process_rewards"], b["process_mask"], b["mask"], o.group_size, eps=o.eps), None
 
 
-@register_estimator("rloo", group=True)
+@register_estimator("rloo", group=True, whitens=True)
 def _rloo(o: Objective, b, penalty):
-    """RLOO: score minus the mean of the group's other scores."""
-    return rloo_advantages(b["scores"], o.group_size), None
+    """RLOO: score minus the mean of the group's other scores [whitened over the rows the loss sees]."""
+    adv = rloo_advantages(b["scores"], o.group_size)
+    if o.whiten:
+        adv = whiten(adv, jnp.any(b["loss_mask"] > 0, axis=1))
+    return adv, None
 
 
 @register_estimator("reinforce_pp", token_rewards=True)
@@ -137,7 +142,7 @@ class Objective:
     estimator: str = "group"  # a key of ESTIMATORS
     scale: str = "group"  # group estimator's std: one of ADVANTAGE_SCALES
     eps: float = 1e-6  # added to that std
-    whiten: bool = False  # GAE advantages whitened over the loss tokens
+    whiten: bool = False  # GAE's advantages whitened over the loss tokens, RLOO's over the rows with loss tokens
     gamma: float = 1.0
     lam: float = 0.95
     lam_value: float | None = None  # λ of the value targets; None = lam (decoupled GAE when set)

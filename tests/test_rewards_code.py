@@ -69,8 +69,6 @@ def test_other_test_code_runs_in_the_checker(test, passing, failing):
 
 
 def test_test_code_errors_are_early_and_clear():
-    with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
-        parse_tests("def check(candidate):\n    for x in range(3):\n        assert candidate(x) == x")
     with pytest.raises(ValueError, match=r"tests\[1\] is not valid Python"):
         parse_tests(["assert f(1) == 1", "assert ("])
     with pytest.warns(DeprecationWarning, match="unsafe_asserts is deprecated and ignored"):
@@ -114,12 +112,14 @@ def test_checker_cases_proxies_and_exact_equality():
     )
     cases = parse_tests(tests)
     assert [c.counted for c in cases] == [False, False, False, True, True, True, True]
-    assert dict(cases[0].payload[1]) == {"add": "proxy", "Solution": "proxy"}
+    assert cases[0].payload[1] == ()  # the solution's names are known at run time; `math` is imported
+    assert parse_tests("assert math.isclose(f(1), 1.0) or g()")[0].payload[1] == (("math", "module"),)
     code = ADD + "class Solution:\n    def twice(self, x):\n        return 2 * x\n"
     result = run_sandboxed(code, tests, timeout=5)
-    assert (result.status, result.passed, result.total) == ("passed", 4, 4)
-    # `==` in an assert compares with exact types, as the fast path does: 3.0 is not 3, True not 1.
-    result = run_sandboxed(ADD.replace("a + b", "float(a + b)"), tests, timeout=5)
+    assert (result.status, result.passed, result.total) == ("passed", 3, 3)  # print() calls no solution: no case
+    # `==` is Python's, as in the official harnesses: 3.0 == 3.
+    assert run_sandboxed(code.replace("a + b", "float(a + b)"), tests, timeout=5).score == 1.0
+    result = run_sandboxed(code.replace("a + b", "a * b"), tests, timeout=5)
     assert (result.passed, result.reason) == (1, "test 3 failed: AssertionError: assert total == 6")
     # float_tolerance reaches the checker's exact comparison too.
     assert run_sandboxed("def f():\n    return 0.1 + 0.2", "x = f()\nassert x == 0.3").score == 0.0
@@ -230,8 +230,8 @@ def test_code_tests_reward_batches_rows_in_order():
         code_tests(["q"], ["a"], tests=["assert ("])
     with pytest.raises(ValueError, match="tests of row 0: tests must be a dict, a string or a list of strings, got int"):
         code_tests(["q"], ["a"], tests=[3])
-    with pytest.raises(ValueError, match=r"tests of row 0: tests define check\(...\) but never call it"):
-        code_tests(["q"], ["a"], tests=[["def check(candidate):\n    assert candidate(1)"]])
+    # A check never called runs no case: 0, not a pass.
+    assert code_tests(["q"], ["a"], tests=[["def check(candidate):\n    assert candidate(1)"]]) == [0.0]
 
 
 def test_a_batch_runs_in_parallel_within_the_pool():
@@ -294,8 +294,11 @@ def test_humaneval_style_check_functions():
     cases = parse_tests(tests)
     assert [c.payload[0] for c in cases] == ["add", "add"] and cases[1].check == "abs_lt"
     assert run_sandboxed(ADD, tests).status == "passed"
-    with pytest.raises(ValueError, match=r"tests define check\(...\) but never call it"):
-        parse_tests("def check(candidate):\n    assert candidate(1) == 1")
+    # The asserts of one check(f) are one case, as on the checker path and in the official harness.
+    result = run_sandboxed(ADD.replace("a + b", "round(a + b)"), tests)
+    assert (result.passed, result.total, result.score) == (0, 1, 0.0)
+    result = run_sandboxed(ADD, "def check(candidate):\n    assert candidate(1) == 1")  # never called
+    assert (result.status, result.score) == ("no_tests", 0.0)
     looped = "def check(candidate):\n    for x in range(3):\n        assert candidate(x, 0) == x\ncheck(add)"
     assert [c.kind for c in parse_tests(looped)] == ["script", "script"]  # the whole check: one case
     assert run_sandboxed(ADD, looped).score == 1.0 and run_sandboxed(ADD.replace("a + b", "a"), looped).score == 1.0

@@ -46,6 +46,7 @@ class Case:
     rel_tol: float = 0.0
     abs_tol: float = 0.0
     counted: bool = True  # False: setup (a definition, an import, an assignment), run but not scored
+    group: int | None = None  # the asserts of one `check(f)` call share one: together they are one case
 
 
 class _NotSimple(ValueError):
@@ -80,10 +81,15 @@ def parse_tests(tests, *, unsafe_asserts: bool | None = None) -> list[Case]:
     else:
         raise ValueError(f"tests must be a dict, a string or a list of strings, got {type(tests).__name__}")
     try:
-        return [case for tree in trees for case in _source_cases(tree)]
+        cases = [case for tree in trees for case in _source_cases(tree)]
     except _NotSimple:
-        units, names = script.script_units(trees)
-        return [Case("script", (source, tuple(names), shown), counted=counted) for source, counted, shown in units]
+        cases = []
+    if cases:
+        return cases
+    units, modules = script.script_units(trees)  # no fast-path case: the checker says whether any runs
+    if not units:
+        return []  # no statement at all: the judge has nothing to run (`no_tests` where tests were given)
+    return [Case("script", (source, tuple(modules), shown), counted=counted) for source, counted, shown in units]
 
 
 def _io_cases(spec: Mapping) -> list[Case]:
@@ -126,7 +132,9 @@ def _source_cases(tree: ast.Module) -> list[Case]:
             called.add(name)
             template, fn = templates[name], node.value.args[0].id
             param = template.args.args[0].arg
-            cases += [_statement_cases(_Rename(param, fn).visit(stmt))[0] for stmt in _asserts(template)]
+            group = len(cases)  # grows with every call: each check has an assert
+            cases += [dataclasses.replace(_statement_cases(_Rename(param, fn).visit(stmt))[0], group=group)
+                      for stmt in _asserts(template)]  # fmt: skip
         elif not (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
                   and _is_literal(node.value)):  # fmt: skip
             cases += _statement_cases(node)

@@ -24,29 +24,38 @@ import signal
 import subprocess
 import time
 
-from jaxrl_llm.rewards.code import launch, values
+from jaxrl_llm.rewards.code import launch, script, testforms, values
 
 MEMORY_MB = 1024  # RLIMIT_AS of the checker: test code and decoded replies (each within the budget)
 
 _MAIN = r'''
 import builtins, os, resource, sys
 
+# Exceptions that steer the test code's control flow (end a loop, a map or the program): raised by
+# the solution they fail the case, whatever the test code does with them.
+STEERING = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit", "KeyboardInterrupt")
+
 
 class SolutionError(Exception):
-    """An exception the solution raised, of a type that is not a builtin exception."""
+    # An exception the solution raised, of a type that is not a builtin exception (or one that steers).
+    pass
 
 
 def raised(text):
-    """The solution's `TypeName: message` as an exception to raise in the test code: the builtin
-    exception of that name (tests may expect a ValueError), else SolutionError."""
+    # The solution's `TypeName: message` as an exception to raise in the test code: the builtin
+    # exception of that name (tests may expect a ValueError), else SolutionError.
     name, _, message = text.partition(": ")
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if name not in STEERING and isinstance(kind, type) and issubclass(kind, Exception):
         try:
             return kind(message)
         except BaseException:  # UnicodeDecodeError and the like take other arguments
             pass
     return SolutionError(text)
+
+
+def exit_program(code=None):
+    raise SystemExit(code)  # exit() / quit(), as the site module (-S: not loaded) would define them
 
 
 def main():
@@ -63,17 +72,23 @@ def main():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     budget = Budget(**cfg["budget"])
     tolerance = cfg["tolerance"] or 0.0
+    state = {"calls": 0, "steered": ""}
 
     def call(name, args, kwargs):
+        state["calls"] += 1
         send({"call": [name, encode(list(args)), encode(kwargs)]})
         line = reader.readline()
         if not line:
             raise SystemExit("the judge is gone")
         record = read_reply(line.rstrip(b"\n"), budget)
         if "error" in record:
-            raise raised(str(record["error"]))
+            error = str(record["error"])
+            if error.partition(":")[0] in STEERING:
+                state["steered"] = state["steered"] or error[:200]
+            raise raised(error)
         if "value" not in record:
             raise SolutionError("no value")
+        write_back(args, kwargs, record.get("changed", []))
         return decode(record["value"])
 
     class Proxy:
@@ -93,25 +108,50 @@ def main():
     module = type(sys)("__main__")  # `if __name__ == "__main__": check(f)` runs; dataclasses find it
     sys.modules["__main__"] = module
     namespace = module.__dict__
-    namespace.update({"__builtins__": builtins, cfg["same"]: lambda a, b: same(a, b, tolerance, tolerance)})
-    for name, kind in cfg["names"]:
-        namespace[name] = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
-        if kind == "module":
+    names = json.loads(reader.readline())  # the solution's top-level functions and classes, once it loaded
+    solution = type(sys)("solution")  # `from solution import f`, `import solution`
+    scope = dict(vars(builtins), exit=exit_program, quit=exit_program)
+    for name in names:
+        proxy = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
+        scope[name] = solution.__dict__[name] = proxy  # the solution's names shadow builtins, as in one module
+    solution.__all__ = list(names)
+    sys.modules["solution"] = solution
+    sys.modules["pytest"] = make_pytest()
+    namespace.update({"__builtins__": scope, cfg["same"]: lambda a, b: equal(a, b, tolerance),
+                      cfg["run_function"]: lambda name: run_function(namespace, name),
+                      cfg["run_method"]: lambda cls, name: run_method(namespace, cls, name)})
+    for name, _ in cfg["modules"]:
+        if name not in names:
             try:
                 namespace[name] = __import__(name)
             except BaseException:
                 pass
     shown = [written for _, written in cfg["units"]]
     for k, (source, _) in enumerate(cfg["units"]):
+        state["calls"], state["steered"] = 0, ""
         try:
             exec(compile(source, "<tests %d>" % k, "exec"), namespace)
-            send({"case": k, "ok": True})
+            why = "the solution raised " + state["steered"] if state["steered"] else ""
         except BaseException as error:
-            send({"case": k, "ok": False, "why": describe(error, shown)})
+            why = describe(error, shown)
+        send({"case": k, "ok": not why, "why": why, "calls": state["calls"]})
+
+
+def write_back(args, kwargs, changed):
+    # What the solution did to its arguments in place, done to the test code's own objects: each
+    # entry [position or keyword, the argument's value after the call] (lists, dicts, sets only).
+    for where, value in changed:
+        target = args[where] if type(where) is int and 0 <= where < len(args) else kwargs.get(where)
+        new = decode(value)
+        if type(target) is list and type(new) is list:
+            target[:] = new
+        elif type(target) in (dict, set) and type(new) is type(target):
+            target.clear()
+            target.update(new)
 
 
 def describe(error, shown):
-    """`TypeName: message`; for a bare failed assert, the assert's line in the test code as written."""
+    # `TypeName: message`; for a bare failed assert, the assert's line in the test code as written.
     try:
         text = str(error).strip().splitlines()
     except BaseException:
@@ -129,14 +169,14 @@ def describe(error, shown):
 main()
 '''
 
-SOURCE = inspect.getsource(values) + _MAIN
+SOURCE = inspect.getsource(values) + testforms.SOURCE + _MAIN
 
 
 class Checker:
     """A started checker process: `receive()` one message (a dict; None at EOF, past the deadline
     or for a malformed or over-long line), `relay(line)` one sandbox reply, `close()`."""
 
-    def __init__(self, units, names, *, same: str, budget: values.Budget, tolerance, deadline: float, max_line: int):
+    def __init__(self, units, modules, *, budget: values.Budget, tolerance, deadline: float, max_line: int):
         self.deadline = deadline
         self.timed_out = False
         self.max_line = max_line
@@ -144,7 +184,8 @@ class Checker:
         self._scanned = 0
         cpu = math.ceil(max(1.0, deadline - time.monotonic())) + 1
         limits = [("RLIMIT_AS", MEMORY_MB << 20, MEMORY_MB << 20), ("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_CORE", 0, 0)]
-        config = {"units": units, "names": names, "same": same, "tolerance": tolerance, "rlimits": limits,
+        config = {"units": units, "modules": modules, "same": script.SAME, "run_function": script.RUN_FUNCTION,
+                  "run_method": script.RUN_METHOD, "tolerance": tolerance, "rlimits": limits,
                   "budget": {"bytes": budget.bytes, "elements": budget.elements, "digits": budget.digits}}  # fmt: skip
         request_r, self._request_w = os.pipe()
         self._reply_r, reply_w = os.pipe()

@@ -96,7 +96,7 @@ def main():
         if error is not None:
             reply({"ready": False, "error": error})
             return
-    reply({"ready": True})
+    reply({"ready": True, "names": solution_names(namespace)})
     handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg)}
     while True:
         request = read_message(request_fd)
@@ -133,14 +133,29 @@ def run_program(program, namespace):
         return describe(error)
     return None
 
-def call(namespace, name, args, kwargs):
+def solution_names(namespace):
+    """The solution's top-level callables (functions, classes, imported ones): the names the test
+    code's free names resolve to. Dunder names never: `__import__` would reach the test code's imports."""
+    names = [n for n, v in list(namespace.items())[:4096] if type(n) is str and n.isidentifier()
+             and not n.startswith("__") and len(n) <= 100 and callable(v)]
+    return names[:1024]
+
+def call(namespace, name, args, kwargs, track=False):
+    """The solution's `name(*args, **kwargs)`; with `track`, also the lists, dicts and sets among
+    the arguments that the call changed in place, as [position or keyword, value after]."""
     fn = namespace.get(name)
     if fn is None and isinstance(namespace.get("Solution"), type):
         fn = getattr(namespace["Solution"](), name, None)
     if not callable(fn):
         raise NameError("the solution defines no function %r" % name)
+    mutable = [(k, v) for k, v in list(enumerate(args)) + list(kwargs.items()) if type(v) in (list, dict, set)]
+    before = [encode(v) for _, v in mutable] if track else []
     result = fn(*args, **kwargs)
-    return {"value": encode(result)}
+    record = {"value": encode(result)}
+    if before:
+        after = [encode(v) for _, v in mutable]
+        record["changed"] = [[k, a] for (k, _), b, a in zip(mutable, before, after) if a != b]
+    return record
 
 def scratch(work, data):
     try:

@@ -153,6 +153,21 @@ def same(expected, got, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
     return got == expected  # None, bool, int, str: exact types already checked
 
 
+def equal(a, b, tolerance=0.0):
+    """Python's `a == b`. With a tolerance (float_tolerance), two numbers of which one is a float
+    compare within it (relative or absolute), also inside lists, tuples and dict values."""
+    if not tolerance:
+        return a == b
+    ta, tb = type(a), type(b)
+    if ta in (int, float) and tb in (int, float) and (ta is float or tb is float):
+        return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
+    if ta in (list, tuple) and ta is tb:
+        return len(a) == len(b) and all(equal(x, y, tolerance) for x, y in zip(a, b))
+    if ta is dict and tb is dict:
+        return a.keys() == b.keys() and all(equal(v, b[k], tolerance) for k, v in a.items())
+    return a == b
+
+
 def is_number(value) -> bool:
     return type(value) is int or type(value) is float
 

@@ -35,7 +35,7 @@ def test_attacks_cost_the_judge_little_and_spare_the_sibling(name):
 def test_sets_and_dicts_decode_without_worst_case_hashing():
     p = 2**61 - 1
     for value in [{-1, -2}, {1, 2.5, "a", (1, 2), frozenset({3})}, {k * p for k in range(60)}, {(1,): {2: 3}}]:
-        assert values.same(value, values.decode(json.loads(json.dumps(values.encode(value)))))  # few equal hashes: fine
+        assert values.decode(json.loads(json.dumps(values.encode(value)))) == value  # few equal hashes: fine
     for bad in [{"set": [k * p for k in range(1, 200)]}, {"dict": [[k * p, 0] for k in range(1, 200)]},
                 {"frozenset": [[k * p] for k in range(1, 200)]}]:  # fmt: skip
         with pytest.raises((ValueError, TypeError)):
@@ -86,13 +86,13 @@ def test_float_tolerance_applies_only_to_floats(expected, got, ok):
 def test_decoding_and_comparing_count_against_the_row_timeout(monkeypatch):
     from jaxrl_llm.rewards.code import parse_tests, run_sandboxed
 
-    real_same = values.same
+    real_equal = values.equal
 
-    def slow_same(*args):  # a comparison that takes its time, as a huge honest answer would
+    def slow_equal(*args):  # a comparison that takes its time, as a huge honest answer would
         time.sleep(0.8)
-        return real_same(*args)
+        return real_equal(*args)
 
-    monkeypatch.setattr(values, "same", slow_same)  # the judge calls values.same
+    monkeypatch.setattr(values, "equal", slow_equal)  # the judge calls values.equal
     tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(3, 3) == 6"]
     assert [c.kind for c in parse_tests(tests)] == ["call"] * 3
     result = run_sandboxed("def add(a, b):\n    return a + b", tests, timeout=1.5)

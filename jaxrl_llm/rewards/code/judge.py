@@ -340,15 +340,21 @@ def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[
 
 
 def _compare(case: Case, got, float_tolerance) -> bool:
+    """The assert's own meaning in Python on the decoded value (real Python types, `values`):
+    `==`, `is`, `in`, truthiness, `math.isclose`, `abs(...) < eps`; an exception fails the case."""
     tol = float_tolerance or 0.0
     if case.check == "eq":
-        return values.same(case.expected, got, tol, tol)
+        return values.equal(got, case.expected, tol)
     if case.check == "ne":
-        return not values.same(case.expected, got, tol, tol)
+        return not values.equal(got, case.expected, tol)
+    if case.check == "is":
+        return got is case.expected  # None, True or False: decoded as the singletons
+    if case.check == "truthy":
+        return bool(got)
+    if case.check == "falsy":
+        return not got
     if case.check == "in":
-        return any(values.same(option, got, tol, tol) for option in case.expected)
-    if not values.is_number(got) or isinstance(got, float) and not math.isfinite(got):
-        return False
+        return any(values.equal(got, option, tol) for option in case.expected)
     if case.check == "isclose":
         return math.isclose(got, case.expected, rel_tol=case.rel_tol, abs_tol=case.abs_tol)
     if case.check == "abs_lt":

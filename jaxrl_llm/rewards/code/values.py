@@ -1,24 +1,33 @@
-"""Plain values on the wire between the sandbox and the judge, and their exact comparison.
+"""Real Python values on the wire between the sandbox and the judge (and the checker process).
 
 The sandbox returns each function result as one JSON line. JSON alone cannot tell a tuple from a
-list or carry int dict keys, so the few Python types beyond JSON are tagged objects:
-`{"tuple": [...]}`, `{"set": [...]}`, `{"frozenset": [...]}`, `{"dict": [[k, v], ...]}` and
-`{"float": "nan" | "inf" | "-inf"}`. Nothing else can cross: no object, no int or str subclass, so
-a value that "equals everything" cannot exist on the judge's side.
+list or carry int dict keys, so the Python types beyond JSON are tagged objects of one key:
+`{"tuple": [...]}`, `{"set": [...]}`, `{"frozenset": [...]}`, `{"dict": [[k, v], ...]}`,
+`{"float": "nan" | "inf" | "-inf"}`, `{"complex": [re, im]}`, `{"bytes": latin-1 text}`,
+`{"bytearray": ...}`, and `collections`' `{"Counter": pairs}`, `{"OrderedDict": pairs}`,
+`{"defaultdict": [factory, pairs]}` (the factory a builtin type's name, or null), `{"deque":
+[items, maxlen]}`. They decode into the same types, so `==`, `!=`, truthiness and `math.isclose` in
+the judge and the checker are Python's own (`1 == True`, `240.0 == 240`, as in the official
+harnesses). Nothing else can cross (the case fails naming the type): no object, no subclass (an
+int or str subclass, a namedtuple), so a value that "equals everything" cannot exist outside.
 
-`encode` and `decode` run on both sides (their source is copied into the sandbox runner), so they
-use builtins only and name no module-level constant.
+`encode` runs in the sandbox too (its source is copied into the runner), so it uses builtins only
+and names no module-level constant; `decode` runs in the checker process (the module's source).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
 
+# defaultdict factories that cross by name: builtin types (a lambda cannot cross).
+_FACTORIES = {t.__name__: t for t in (int, float, str, list, dict, set, tuple, frozenset, bool, complex, bytes)}
+
 
 def encode(value, depth=0):
-    """A plain Python value as its JSON-ready form; TypeError/ValueError for anything else."""
+    """A Python value as its JSON-ready form; TypeError naming the type for anything else."""
     if depth > 64:
         raise ValueError("value nested deeper than 64 levels")
     kind = type(value)
@@ -31,12 +40,28 @@ def encode(value, depth=0):
     if kind is list:
         return [encode(v, depth + 1) for v in value]
     if kind is tuple or kind is set or kind is frozenset:
-        items = [encode(v, depth + 1) for v in value]
-        return {kind.__name__: items}
+        return {kind.__name__: [encode(v, depth + 1) for v in value]}
     if kind is dict:
         return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError("cannot return a value of type %s (only None, bool, int, float, str, list, "
-                    "tuple, dict, set)" % kind.__name__)
+    if kind is complex:
+        return {"complex": [encode(value.real), encode(value.imag)]}
+    if kind is bytes or kind is bytearray:
+        return {kind.__name__: value.decode("latin-1")}
+    import sys
+    found = sys.modules.get("collections")
+    pairs = lambda: [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]
+    if found is not None and kind is found.Counter or found is not None and kind is found.OrderedDict:
+        return {kind.__name__: pairs()}
+    if found is not None and kind is found.defaultdict:
+        factory = value.default_factory  # a builtin type by name; anything else (a lambda) as None
+        builtin = (int, float, str, list, dict, set, tuple, frozenset, bool, complex, bytes)
+        name = factory.__name__ if any(factory is t for t in builtin) else None
+        return {"defaultdict": [name, pairs()]}
+    if found is not None and kind is found.deque:
+        return {"deque": [[encode(v, depth + 1) for v in value], value.maxlen]}
+    raise TypeError("cannot return a value of type %s (only None, bool, int, float, complex, str, bytes, list, "
+                    "tuple, dict, set, frozenset and collections' Counter, OrderedDict, defaultdict, deque)"
+                    % kind.__name__)
 
 
 def decode(data, depth=0):
@@ -56,15 +81,23 @@ def decode(data, depth=0):
     (tag, body), = data.items()
     if tag == "float" and body in ("nan", "inf", "-inf"):
         return float(body)
+    if tag in ("bytes", "bytearray") and type(body) is str:
+        return (bytes if tag == "bytes" else bytearray)(body, "latin-1")
+    if tag == "complex" and type(body) is list and len(body) == 2:
+        parts = [decode(v, depth + 1) for v in body]
+        if not all(type(p) is float or type(p) is int for p in parts):
+            raise ValueError("malformed complex")
+        return complex(*parts)
+    if tag == "defaultdict" and type(body) is list and len(body) == 2 and (body[0] is None or body[0] in _FACTORIES):
+        return collections.defaultdict(_FACTORIES.get(body[0]), _pairs(body[1], depth))
+    if tag == "deque" and type(body) is list and len(body) == 2 and type(body[0]) is list and (
+            body[1] is None or type(body[1]) is int and len(body[0]) <= body[1] < 2**62):
+        return collections.deque([decode(v, depth + 1) for v in body[0]], body[1])
     if type(body) is not list:
         raise ValueError("malformed %s" % tag)
-    if tag == "dict":
-        if not all(type(p) is list and len(p) == 2 for p in body):
-            raise ValueError("malformed dict")
-        keys = [decode(k, depth + 1) for k, _ in body]
-        if len(keys) - len(set([hash(k) for k in keys])) > 64:  # hashes are ints hashing to themselves
-            raise ValueError("dict keys with too many equal hashes")
-        return dict(zip(keys, [decode(v, depth + 1) for _, v in body]))
+    if tag in ("dict", "Counter", "OrderedDict"):
+        pairs = _pairs(body, depth)
+        return pairs if tag == "dict" else getattr(collections, tag)(pairs)
     items = [decode(v, depth + 1) for v in body]
     if tag == "tuple":
         return tuple(items)
@@ -73,6 +106,15 @@ def decode(data, depth=0):
     if len(items) - len(set([hash(v) for v in items])) > 64:
         raise ValueError("set members with too many equal hashes")
     return set(items) if tag == "set" else frozenset(items)
+
+
+def _pairs(body, depth) -> dict:
+    if type(body) is not list or not all(type(p) is list and len(p) == 2 for p in body):
+        raise ValueError("malformed dict")
+    keys = [decode(k, depth + 1) for k, _ in body]
+    if len(keys) - len(set([hash(k) for k in keys])) > 64:  # hashes are ints hashing to themselves
+        raise ValueError("dict keys with too many equal hashes")
+    return dict(zip(keys, [decode(v, depth + 1) for _, v in body]))
 
 
 def _reject_constant(name: str):
@@ -128,29 +170,6 @@ def read_reply(line: bytes, budget: Budget) -> dict:
     if type(record) is not dict:
         raise ValueError("a reply must be a JSON object")
     return record
-
-
-def same(expected, got, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
-    """Exact equality with exact types all the way down: True != 1, 1 != 1.0, (1,) != [1].
-    Floats compare within the tolerances when given (both 0: exactly)."""
-    kind = type(expected)
-    if type(got) is not kind:
-        return False
-    if kind is float:
-        if rel_tol or abs_tol:
-            return math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol)
-        return got == expected
-    if kind is list or kind is tuple:
-        return len(got) == len(expected) and all(same(e, g, rel_tol, abs_tol) for e, g in zip(expected, got))
-    if kind is dict:
-        if len(got) != len(expected):
-            return False
-        keys = {k: k for k in got}  # the key object as the solution typed it
-        return all(k in keys and same(k, keys[k]) and same(v, got[k], rel_tol, abs_tol) for k, v in expected.items())
-    if kind is set or kind is frozenset:
-        members = {m: m for m in got}
-        return len(got) == len(expected) and all(e in members and same(e, members[e]) for e in expected)
-    return got == expected  # None, bool, int, str: exact types already checked
 
 
 def equal(a, b, tolerance=0.0):

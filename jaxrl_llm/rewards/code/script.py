@@ -4,8 +4,8 @@ Python tests that are not all of the simple assert forms.
 The test code is trusted (like the config). Each top-level statement is one unit, run in order in
 one namespace of the checker process, and after them one unit per test the code defines: each
 pytest-style `test_*` function and each `test*` method of a `unittest.TestCase` class (or of a
-pytest-style `Test*` class). A setup unit (a definition, an import, an assignment) that raises
-fails the whole row. Any other unit is a **case** when it raises (a failure) or when it passes
+pytest-style `Test*` class). A setup unit (a definition, an import, an assignment, a bare call of
+the solution such as `sort_in_place(xs)`) that raises fails the whole row. Any other unit is a **case** when it raises (a failure) or when it passes
 having called the solution (itself, or the setup units since the previous case): a statement that
 never touches the solution (`print("All tests passed!")`, a docstring) is no case, and test code
 with no case at all scores 0 (`no_tests`). `unittest.main()` / `pytest.main()` do nothing: the
@@ -35,10 +35,35 @@ def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool, str]], 
     """(units, modules): units as (source to run, counted, source as written: for messages) in order;
     modules as (name, 'module') for the free names used only as `name.attr` that are stdlib modules."""
     statements = [node for tree in trees for node in tree.body]
-    units = [(ast.unparse(_Rewrite().visit(copy.deepcopy(node))), not isinstance(node, SETUP), ast.unparse(node))
+    defined = _top_level_names(statements)
+    units = [(ast.unparse(_Rewrite().visit(copy.deepcopy(node))), _is_check(node, defined), ast.unparse(node))
              for node in statements]  # fmt: skip
     units += [(f"{runner}({', '.join(map(repr, args))})", True, shown) for runner, args, shown in _tests(statements)]
     return units, _free_modules(statements)
+
+
+def _is_check(node: ast.stmt, defined: set[str]) -> bool:
+    """Whether a top-level statement can be a case: not setup, and not a bare call of a name the test
+    code does not define (`sort_in_place(xs)`: a call of the solution whose effect a later assert checks;
+    like setup, it fails the row if it raises). `check(f)` is a check: the test code defines `check`."""
+    if isinstance(node, SETUP):
+        return False
+    call = node.value if isinstance(node, ast.Expr) else None
+    return not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id not in defined)
+
+
+def _top_level_names(statements: list[ast.stmt]) -> set[str]:
+    """Names the test code binds at top level (an import from `solution` binds the solution's)."""
+    names = set()
+    for node in statements:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "solution":
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
 
 
 def _tests(statements: list[ast.stmt]) -> list[tuple[str, tuple, str]]:

@@ -68,7 +68,10 @@ def test_the_budget_is_checked_before_parsing():
     [
         ("1000000006", "1000000000", False),  # within 1e-6 relative, but integers compare exactly
         ("1000000006", "1_000_000_006", False),  # not a plain number: compared as text
-        ("1000000006", "1000000006.0", True),  # a float on one side: the tolerance applies
+        ("1000000006", "1000000006.0", False),  # a float token never stands for an expected integer
+        ("1000000006", "1e9", False),  # print(float(10**9)) for 1000000006, whatever the tolerance
+        ("1000000000.0", "1000000006", True),  # an expected float: the tolerance applies
+        ("4", "4.0000001", False),
         ("0.3333333", "0.33333334", True),
         ("2.5e3", "2500", True),
         ("2", "3", False),
@@ -80,6 +83,8 @@ def test_the_budget_is_checked_before_parsing():
 )
 def test_float_tolerance_applies_only_to_floats(expected, got, ok):
     assert values.same_output(expected, got, float_tolerance=1e-6) is ok
+    if expected.isdigit():
+        assert values.same_output(expected, got, float_tolerance=0.5) is ok  # whatever the tolerance
     assert values.same_output(expected, expected, float_tolerance=1e-6)
 
 
@@ -111,3 +116,51 @@ def test_the_checker_process_has_limits_of_its_own():
     # Test code that allocates past the checker's RLIMIT_AS fails that case only.
     result = run_sandboxed(add, ["x = add(1, 2)\nassert x == 3", "assert len(bytearray(4 << 30)) > 0"], timeout=5)
     assert (result.passed, result.total) == (1, 2) and "MemoryError" in result.reason, result
+
+
+def _reference_count(line: bytes) -> int:
+    """Commas and opening brackets outside strings, plus one: a byte at a time."""
+    count, inside, escaped = 1, False, False
+    for byte in line:
+        if inside:
+            inside = escaped or byte != 0x22
+            escaped = not escaped and byte == 0x5C
+        elif byte == 0x22:
+            inside = True
+        else:
+            count += byte in b",[{"
+    return count
+
+
+def test_elements_are_counted_outside_strings_in_one_pass():
+    # A quote, then escaped quotes and commas, no closing quote: the old scan restarted its regex at
+    # each quote (quadratic, the GIL held: 102 s for these 90 KB, measured by hand) and counted all
+    # 30,000 commas. Strings straddling the scan's 1 MiB slices, escapes cut at a slice's end.
+    slice_ = values._SLICE
+    lines = [
+        b'{"i": 0, "value": "' + b'\\",' * 30_000 + b"\n",
+        b'["a,b", "\\",", ["c"], {"dict": [[1, "x"]]}]',
+        b'["' + b"," * (slice_ - 2) + b'", 1, 2]',  # the string ends exactly at the first slice
+        b'["' + b"x" * (slice_ - 3) + b'\\"' + b"," * 10 + b'", [3]]',  # an escape cut by the slice
+        b'[' + b'"\\\\",' * (slice_ // 3) + b"[]]",  # many short strings of escaped backslashes
+    ]
+    for line in lines:  # the result only has to compare with the limit as the exact count would
+        exact = _reference_count(line)
+        assert values.count_elements(line, exact) <= exact < values.count_elements(line, exact - 1) + 1, line[:40]
+        assert values.count_elements(line, exact - 1) > exact - 1
+    assert values.count_elements(lines[0], 10) == 3  # json then refuses the unterminated string
+
+
+def test_a_long_stdout_costs_the_judge_its_own_size_not_a_multiple():
+    # 17 MiB of short lines against an expected output of many lines (the reply budget grows with it):
+    # splitting them made ~6 million strings. Now a count of line breaks refuses it first.
+    expected = "x\n" * 1_000_000
+    got = "ab\n" * ((17 << 20) // 3)
+    tracemalloc.start()
+    try:
+        ok = values.same_output(expected, got, float_tolerance=1e-6)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not ok and peak < 2 * len(got), f"{peak >> 20} MiB for a {len(got) >> 20} MiB reply"
+    assert values.same_output(expected, expected.replace("x", " x "))  # lines still stripped and compared

@@ -152,3 +152,29 @@ def test_the_fast_path_scores_as_python_and_as_the_checker_path_on_every_form():
         fast, slow = results[k], results[len(codes) + k]
         assert (fast.passed, fast.total) == (slow.passed, slow.total) == (expected, len(FAST_FORMS)), (body, fast, slow)
     assert python_verdicts("1")[2] is False and python_verdicts("float(x * x)")[0] is True  # 1 == True, 4.0 == 4
+
+
+def test_real_values_cross_both_ways_and_in_place_changes_come_back():
+    # A Counter, a defaultdict, a deque and a builtin type as arguments of a checker-path call (the
+    # judge used to fail the whole batch on them: marshal took only plain types), changed in place.
+    code = textwrap.dedent(
+        """
+        def f(counter, table, queue, kind):
+            counter["z"] += 1
+            table["new"].append(1)
+            queue.appendleft(0)
+            return kind(3), type(counter).__name__
+        """
+    )
+    tests = textwrap.dedent(
+        """
+        from collections import Counter, defaultdict, deque
+        c, t, q = Counter("aab"), defaultdict(list), deque([1, 2], maxlen=3)
+        assert f(c, t, q, float) == (3.0, "Counter")
+        assert c == Counter("aabz") and t == {"new": [1]} and list(q) == [0, 1, 2]
+        """
+    )
+    wrong = code.replace('counter["z"] += 1', "counter = Counter()")
+    right, bad = run_code_tests([code, wrong], [tests, tests], max_workers=2)
+    assert (right.status, right.passed, right.total) == ("passed", 1, 1), right
+    assert bad.score == 0.0, bad

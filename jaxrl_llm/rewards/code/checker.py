@@ -139,15 +139,17 @@ def main():
 
 def write_back(args, kwargs, changed):
     # What the solution did to its arguments in place, done to the test code's own objects: each
-    # entry [position or keyword, the argument's value after the call] (lists, dicts, sets only).
+    # entry [position or keyword, the argument's value after the call] (mutable containers only).
     for where, value in changed:
         target = args[where] if type(where) is int and 0 <= where < len(args) else kwargs.get(where)
         new = decode(value)
-        if type(target) is list and type(new) is list:
-            target[:] = new
-        elif type(target) in (dict, set) and type(new) is type(target):
-            target.clear()
+        if type(new) is not type(target):
+            continue
+        target.clear()
+        if isinstance(target, (dict, set)):
             target.update(new)
+        else:  # list, bytearray, deque
+            target.extend(new)
 
 
 def describe(error, shown):

@@ -217,7 +217,8 @@ def _relay_call(session: Session, tests, tally: _Tally, budget: values.Budget, m
     """One proxy call of the checker sent to the sandbox, its reply relayed back: False on failure."""
     try:
         name, args, kwargs = message["call"]
-        request = {"i": index, "call": (str(name), values.decode(args), values.decode(kwargs), True)}
+        values.decode(args), values.decode(kwargs)  # well formed; sent as they are (marshal takes wire form)
+        request = {"i": index, "wire": (str(name), args, kwargs)}
     except (ValueError, TypeError, RecursionError):
         tally.protocol = "the checker process sent a malformed call"
         return False

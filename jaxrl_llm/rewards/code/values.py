@@ -3,7 +3,8 @@
 The sandbox returns each function result as one JSON line. JSON alone cannot tell a tuple from a
 list or carry int dict keys, so the Python types beyond JSON are tagged objects of one key:
 `{"tuple": [...]}`, `{"set": [...]}`, `{"frozenset": [...]}`, `{"dict": [[k, v], ...]}`,
-`{"float": "nan" | "inf" | "-inf"}`, `{"complex": [re, im]}`, `{"bytes": latin-1 text}`,
+`{"float": "nan" | "inf" | "-inf"}`, `{"complex": [re, im]}`, `{"bytes": latin-1 text}`, a builtin
+type by name (`{"type": "int"}`),
 `{"bytearray": ...}`, and `collections`' `{"Counter": pairs}`, `{"OrderedDict": pairs}`,
 `{"defaultdict": [factory, pairs]}` (the factory a builtin type's name, or null), `{"deque":
 [items, maxlen]}`. They decode into the same types, so `==`, `!=`, truthiness and `math.isclose` in
@@ -11,20 +12,22 @@ the judge and the checker are Python's own (`1 == True`, `240.0 == 240`, as in t
 harnesses). Nothing else can cross (the case fails naming the type): no object, no subclass (an
 int or str subclass, a namedtuple), so a value that "equals everything" cannot exist outside.
 
-`encode` runs in the sandbox too (its source is copied into the runner), so it uses builtins only
-and names no module-level constant; `decode` runs in the checker process (the module's source).
+`encode` and `decode` run in the sandbox too (`runner` copies their source, with `_pairs` and
+`_TYPES`: proxy calls' arguments arrive there in wire form), so they use builtins only and no module-level name but
+`_TYPES` and `_pairs`; the checker process runs the whole module.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 import re
 import time
 
 # defaultdict factories that cross by name: builtin types (a lambda cannot cross).
-_FACTORIES = {t.__name__: t for t in (int, float, str, list, dict, set, tuple, frozenset, bool, complex, bytes)}
+# Builtin types that cross by name (`{"type": "int"}`; defaultdict factories). One line, no imports:
+# the sandbox runner runs it too.
+_TYPES = {t.__name__: t for t in (int, float, str, list, dict, set, tuple, frozenset, bool, complex, bytes, type(None))}
 
 
 def encode(value, depth=0):
@@ -48,6 +51,9 @@ def encode(value, depth=0):
         return {"complex": [encode(value.real), encode(value.imag)]}
     if kind is bytes or kind is bytearray:
         return {kind.__name__: value.decode("latin-1")}
+    if kind is type and any(value is t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set,
+                                                 frozenset, type(None))):
+        return {"type": value.__name__}  # `remove_datatype(xs, int)`: a builtin type by name
     import sys
     found = sys.modules.get("collections")
     pairs = lambda: [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]
@@ -60,9 +66,9 @@ def encode(value, depth=0):
         return {"defaultdict": [name, pairs()]}
     if found is not None and kind is found.deque:
         return {"deque": [[encode(v, depth + 1) for v in value], value.maxlen]}
-    raise TypeError("cannot return a value of type %s (only None, bool, int, float, complex, str, bytes, list, "
-                    "tuple, dict, set, frozenset and collections' Counter, OrderedDict, defaultdict, deque)"
-                    % kind.__name__)
+    raise TypeError("a value of type %s cannot cross the sandbox boundary (only None, bool, int, float, complex, "
+                    "str, bytes, list, tuple, dict, set, frozenset, builtin types and collections' Counter, "
+                    "OrderedDict, defaultdict, deque)" % kind.__name__)
 
 
 def decode(data, depth=0):
@@ -82,6 +88,8 @@ def decode(data, depth=0):
     (tag, body), = data.items()
     if tag == "float" and body in ("nan", "inf", "-inf"):
         return float(body)
+    if tag == "type" and body in _TYPES:
+        return _TYPES[body]
     if tag in ("bytes", "bytearray") and type(body) is str:
         return (bytes if tag == "bytes" else bytearray)(body, "latin-1")
     if tag == "complex" and type(body) is list and len(body) == 2:
@@ -89,8 +97,9 @@ def decode(data, depth=0):
         if not all(type(p) is float or type(p) is int for p in parts):
             raise ValueError("malformed complex")
         return complex(*parts)
-    if tag == "defaultdict" and type(body) is list and len(body) == 2 and (body[0] is None or body[0] in _FACTORIES):
-        return collections.defaultdict(_FACTORIES.get(body[0]), _pairs(body[1], depth))
+    collections = __import__("collections")  # imported here: the sandbox runs this without the module's imports
+    if tag == "defaultdict" and type(body) is list and len(body) == 2 and (body[0] is None or body[0] in _TYPES):
+        return collections.defaultdict(_TYPES.get(body[0]), _pairs(body[1], depth))
     if tag == "deque" and type(body) is list and len(body) == 2 and type(body[0]) is list and (
             body[1] is None or type(body[1]) is int and len(body[0]) <= body[1] < 2**62):
         return collections.deque([decode(v, depth + 1) for v in body[0]], body[1])
@@ -249,3 +258,4 @@ def _close_tokens(expected: str, got: str, tolerance: float) -> bool:
     if not _FLOAT.fullmatch(expected) or not (_FLOAT.fullmatch(got) or _INT.fullmatch(got)):
         return False  # an expected integer (or a non-number) is compared as text, exactly
     return math.isclose(float(expected), float(got), rel_tol=tolerance, abs_tol=tolerance)
+

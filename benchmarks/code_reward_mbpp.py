@@ -3,7 +3,7 @@ reference solutions and four wrong ones, how many score full marks / above 0, pr
 every reference that misses, the official harness's verdict beside it (solution, `test_setup_code`
 and the asserts run as one program, as MBPP's own evaluation does).
 
-    python benchmarks/code_reward_mbpp.py [--workers 2] [--checker-only] [--limit N]
+    python benchmarks/code_reward_mbpp.py [--workers 2] [--checker-only] [--limit N] [--only reference]
 
 The tests of a row are its `test_setup_code` and `test_list`. --checker-only sends every row through
 the checker process (a leading non-constant assignment takes them off the fast path).
@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checker-only", action="store_true")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--only", default=None, help="only the solution set of this name (e.g. reference)")
     args = parser.parse_args()
     rows = problems()[: args.limit]
     tests = [mbpp_tests(p, args.checker_only) for p in rows]
@@ -99,6 +100,8 @@ def main() -> None:
           f"{args.workers} workers, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"{'solutions':30} {'problems/s':>10} {'full marks':>11} {'above 0':>8}")
     for name, completions in solutions(rows).items():
+        if args.only and name != args.only:
+            continue
         start = time.perf_counter()
         scores = code_tests(["q"] * len(rows), completions, tests=tests, max_workers=args.workers)
         rate = len(rows) / (time.perf_counter() - start)

@@ -18,13 +18,14 @@ from code_reward_mbpp import mbpp_tests, problems, solutions  # noqa: E402
 # test_setup_code builds objects of a class it defines and passes them to the solution; only values
 # cross the sandbox's boundary, an object of the test code's own class cannot.
 MISSES = {367: "a Node tree (is_tree_balanced)", 601: "Pair objects (max_chain_length)", 927: "a Node tree (max_height)"}
-# Wrong solutions the problem's own asserts accept, in the sample below: (task, score); the official
-# harness (solution and asserts as one program) passes 666 and 728 with the next problem's solution too.
-SAMPLE = range(1, 975, 5)  # every fifth task: 195 problems, each wrong solution a row
+# Wrong solutions some of whose asserts the problem accepts, in the sample below: task -> score (one
+# case per assert). Over all 974 (benchmarks/code_reward_mbpp.py) only the next problem's solution
+# scores 1.0, on tasks 666 and 728, which the official harness passes too.
+SAMPLE = range(1, 975, 10)  # every tenth task: 98 problems, each wrong solution a row (CI time)
 ACCEPTED = {
-    "return None": {431: 0.33, 546: 0.33, 746: 0.33, 761: 0.33},
+    "return None": {431: 0.33, 761: 0.33},
     "off by one": {121: 0.33, 481: 0.67, 751: 0.33},
-    "the next problem's solution": {131: 0.67, 191: 0.33, 211: 0.33, 501: 0.67, 666: 1.0, 871: 0.33},
+    "the next problem's solution": {131: 0.67, 191: 0.33, 211: 0.33, 501: 0.67, 871: 0.33},
     "raise StopIteration": {},
 }
 TIMEOUT = 60  # task 123's reference runs 7 s alone: a loaded CI host must not time it out

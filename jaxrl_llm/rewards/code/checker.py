@@ -2,15 +2,18 @@
 
 `python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`, started by the judge for rows whose tests are
 Python beyond the simple assert forms (`script`). It reads one JSON config line (the units, the
-free names, the decoding budget, the tolerance, its own rlimits), then runs the units in order in
-one namespace. A proxy call writes `{"call": [name, args, kwargs]}` (wire form, `values.encode`)
-and reads back one line: the sandbox's own reply, relayed unchanged by the judge, which this
-process decodes under the budget (`values.read_reply`, `values.decode`) into plain values. After
-each unit it writes `{"case": k, "ok": bool, "why": "..."}`.
+free names that are stdlib modules, the decoding budget, the tolerance, its own rlimits), then one
+line of the solution's top-level names once it has loaded (each becomes a proxy, over the builtins
+and as `solution.<name>`), then runs the units in order in one namespace (`testforms` runs the
+pytest and unittest tests). A proxy call writes `{"call": [name, args, kwargs]}` (wire form,
+`values.encode`) and reads back one line: the sandbox's own reply, relayed unchanged by the judge,
+which this process decodes under the budget (`values.read_reply`, `values.decode`) into values of
+builtin types, writing back the arguments the solution changed in place. After each unit it writes
+`{"case": k, "ok": bool, "why": "...", "calls": n}` (`script.Units` counts the cases).
 
 The solution never sees the test code or anything the test code computes, only the arguments of
-its own calls; what comes back is plain data (no pickle, no object), so a reply cannot forge a
-pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
+its own calls; what comes back is data of builtin types (no pickle, no object), so a reply cannot
+forge a pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
 """
 
 from __future__ import annotations

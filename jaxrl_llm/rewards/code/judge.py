@@ -1,4 +1,4 @@
-"""The trusted judge: runs cases in a sandbox and compares the returned plain values itself.
+"""The trusted judge: runs cases in a sandbox and compares the returned values itself (Python's semantics).
 
 Correctness comes only from values the judge compares with expectations that never left it, each
 case counted once, keyed by the index the judge asked for. Nothing the sandbox says about itself
@@ -183,11 +183,11 @@ def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget:
                      max_line: int) -> None:  # fmt: skip
     """Runs the row's test code in a checker process (`checker`), relaying each proxy call to the
     sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order
-    (`_Units` counts the cases among them)."""
+    (`script.Units` counts the cases among them)."""
     units = [(case.payload[0], case.payload[2]) for case in cases]
     tests = checker.Checker(units, list(cases[0].payload[1]), budget=budget, tolerance=float_tolerance,
                             deadline=session.deadline, max_line=max_line)  # fmt: skip
-    counter = _Units(cases, tally)
+    counter = script.Units(cases, tally)
     try:
         names = ready(session, tally, budget)
         if names is None or not tests.relay(json.dumps(names).encode()):
@@ -232,37 +232,6 @@ def _relay_call(session: Session, tests, tally: _Tally, budget: values.Budget, m
         return False
     note_error(record, tally)
     return tests.relay(line)
-
-
-class _Units:
-    """The checker's unit verdicts as cases: a unit that fails is a failed case (a setup unit that
-    fails zeroes the row); one that passes is a case when the solution was called in it or in the
-    setup units since the previous case. Units left unanswered count as failed cases."""
-
-    def __init__(self, cases: list[Case], tally: _Tally):
-        self.cases, self.tally = cases, tally
-        self.pending = self.setup_failed = False
-        tally.total = 0
-
-    def add(self, message: dict) -> None:
-        tally = self.tally
-        case = self.cases[tally.answered]
-        tally.answered += 1
-        self.pending |= type(message.get("calls")) is int and message["calls"] > 0
-        if message.get("ok") is not True:
-            why = str(message.get("why", ""))[:300]
-            tally.first_failure = tally.first_failure or f"test {tally.answered - 1} failed: {why}"
-            if not case.counted:  # the test code could not set itself up: nothing after it counts
-                self.setup_failed, tally.passed = True, 0
-            tally.total += 1
-            self.pending = False
-        elif case.counted and self.pending:
-            tally.total += 1
-            tally.passed += not self.setup_failed
-            self.pending = False
-
-    def finish(self) -> None:
-        self.tally.total += sum(c.counted for c in self.cases[self.tally.answered :])
 
 
 def ready(session: Session, tally: _Tally, budget: values.Budget) -> list[str] | None:

@@ -122,3 +122,35 @@ def _free_modules(statements: list[ast.stmt]) -> list[tuple[str, str]]:
             loaded[node.id] = False  # used other than as `name.attr`: not a module
     return [(name, "module") for name, only_attributes in loaded.items()
             if only_attributes and name not in bound and name in sys.stdlib_module_names]  # fmt: skip
+
+
+class Units:
+    """The checker's unit verdicts as cases, counted into the judge's `tally` (passed, total,
+    answered, first_failure): a unit that fails is a failed case (a setup unit that
+    fails zeroes the row); one that passes is a case when the solution was called in it or in the
+    setup units since the previous case. Units left unanswered count as failed cases."""
+
+    def __init__(self, cases: list, tally):
+        self.cases, self.tally = cases, tally
+        self.pending = self.setup_failed = False
+        tally.total = 0
+
+    def add(self, message: dict) -> None:
+        tally = self.tally
+        case = self.cases[tally.answered]
+        tally.answered += 1
+        self.pending |= type(message.get("calls")) is int and message["calls"] > 0
+        if message.get("ok") is not True:
+            why = str(message.get("why", ""))[:300]
+            tally.first_failure = tally.first_failure or f"test {tally.answered - 1} failed: {why}"
+            if not case.counted:  # the test code could not set itself up: nothing after it counts
+                self.setup_failed, tally.passed = True, 0
+            tally.total += 1
+            self.pending = False
+        elif case.counted and self.pending:
+            tally.total += 1
+            tally.passed += not self.setup_failed
+            self.pending = False
+
+    def finish(self) -> None:
+        self.tally.total += sum(c.counted for c in self.cases[self.tally.answered :])

@@ -38,6 +38,9 @@ ATTACKS: dict[str, tuple[str, str, str]] = {
         "def count(s):\n    return {'a': 1}", "from collections import Counter\ndef count(s):\n    return Counter(s)"),
     "a function named max": (
         "assert max([1, 5, 3]) + 0 == 5\n", "def max(xs):\n    return 0", "def max(xs):\n    return sorted(xs)[-1]"),
+    "a solution's round() judging its area": (
+        "assert round(area(3), 2) == 28.27\n", "def area(r):\n    return 0\ndef round(x, n):\n    return 28.27",
+        "import math\ndef area(r):\n    return math.pi * r * r"),
     "a name bound elsewhere in the tests": (
         "def helper(add):\n    return add\nassert add(1, 2) == 3\n", "def add(a, b):\n    return 0", ADD),
     "quit() is the solution's": (

@@ -112,19 +112,14 @@ def main():
     sys.modules["__main__"] = module
     namespace = module.__dict__
     names = json.loads(reader.readline())  # the solution's top-level functions and classes, once it loaded
-    solution = type(sys)("solution")  # `from solution import f`, `import solution`
-    scope = dict(vars(builtins), exit=exit_program, quit=exit_program)
-    for name in names:
-        proxy = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
-        scope[name] = solution.__dict__[name] = proxy  # the solution's names shadow builtins, as in one module
-    solution.__all__ = list(names)
-    sys.modules["solution"] = solution
+    used = {name for name, kind in cfg["modules"] if kind == "used"}
+    scope = bind_solution(names, used, lambda n: (lambda *a, **k: Instance()) if n == "Solution" else Proxy(n))
     sys.modules["pytest"] = make_pytest()
     namespace.update({"__builtins__": scope, cfg["same"]: lambda a, b: equal(a, b, tolerance),
                       cfg["run_function"]: lambda name: run_function(namespace, name),
                       cfg["run_method"]: lambda cls, name: run_method(namespace, cls, name)})
-    for name, _ in cfg["modules"]:
-        if name not in names:
+    for name, kind in cfg["modules"]:
+        if kind == "module" and name not in names:
             try:
                 namespace[name] = __import__(name)
             except BaseException:
@@ -138,6 +133,22 @@ def main():
         except BaseException as error:
             why = describe(error, shown)
         send({"case": k, "ok": not why, "why": why, "calls": state["calls"]})
+
+
+def bind_solution(names, used, proxy_of):
+    # The builtins the test code sees, with the solution's names over them, and the module
+    # `solution` (`from solution import f`). A builtin name is the solution's only when the test code
+    # reads no other name of the solution's (then it is the function under test).
+    scope = dict(vars(builtins), exit=exit_program, quit=exit_program)
+    tested = [name for name in names if name in used and name not in scope]
+    solution = type(sys)("solution")
+    for name in names:
+        proxy = solution.__dict__[name] = proxy_of(name)
+        if name not in scope or not tested:
+            scope[name] = proxy
+    solution.__all__ = list(names)
+    sys.modules["solution"] = solution
+    return scope
 
 
 def write_back(args, kwargs, changed):

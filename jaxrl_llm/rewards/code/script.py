@@ -13,8 +13,11 @@ checker runs the tests itself.
 
 Which names are the solution's is decided at run time, not here: every top-level function or class
 the solution defines (it says which when it has loaded) is the solution's wherever the test code
-does not bind that name itself, builtin names (`max`, `sum`) included, as when the test code runs
-after the solution in one module. A free name used only as `name.attr` that is a standard-library
+does not bind that name itself, as when the test code runs after the solution in one module. A
+builtin name (`max`, `sum`, `exit`) is the solution's only when the test code reads no other name
+the solution defines: then it is the function under test (MBPP's `sum(10, 15) == 6`); otherwise
+the builtin judges the tested function (`round(area(3), 2) == 28.27`: a solution's own `round`
+would forge that pass). A free name used only as `name.attr` that is a standard-library
 module (`math.isclose` without `import math`) is that module.
 """
 
@@ -32,8 +35,10 @@ RUN_METHOD = "__judge_run_method__"  # runs one test method of a class (testform
 
 
 def script_units(trees: list[ast.Module]) -> tuple[list[tuple[str, bool, str]], list[tuple[str, str]]]:
-    """(units, modules): units as (source to run, counted, source as written: for messages) in order;
-    modules as (name, 'module') for the free names used only as `name.attr` that are stdlib modules."""
+    """(units, names): units as (source to run, counted, source as written: for messages) in order;
+    names as (name, 'module') for the free names used only as `name.attr` that are stdlib modules,
+    and (name, 'used') for every name the test code reads (`checker`: which of the solution's names
+    it tests)."""
     statements = [node for tree in trees for node in tree.body]
     defined = _top_level_names(statements)
     units = [(ast.unparse(_Rewrite().visit(copy.deepcopy(node))), _is_check(node, defined), ast.unparse(node))
@@ -120,8 +125,9 @@ def _free_modules(statements: list[ast.stmt]) -> list[tuple[str, str]]:
     for node in (n for s in statements for n in ast.walk(s)):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in attribute_only:
             loaded[node.id] = False  # used other than as `name.attr`: not a module
-    return [(name, "module") for name, only_attributes in loaded.items()
-            if only_attributes and name not in bound and name in sys.stdlib_module_names]  # fmt: skip
+    modules = [(name, "module") for name, only_attributes in loaded.items()
+               if only_attributes and name not in bound and name in sys.stdlib_module_names]  # fmt: skip
+    return modules + [(name, "used") for name in loaded]  # every name read: which solution names are tested
 
 
 class Units:

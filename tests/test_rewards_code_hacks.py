@@ -31,7 +31,6 @@ HACKS = {
         def add(a, b): return S("3")
     """,
     "bool for int": "def add(a, b): return True",
-    "float for int": "def add(a, b): return float(a + b)",
     "NaN and inf": "def add(a, b): return float('nan') if a > 0 else float('inf')",
     "huge int": "def add(a, b): return 10 ** 100000",
     "deeply nested value": """

@@ -160,6 +160,16 @@ def test_a_reward_that_judges_nothing_is_flagged():
         report.metrics()
 
 
+def test_a_reward_paying_the_empty_completion_like_the_reference_is_flagged():
+    def constant(completions, **_):  # e.g. a code reward whose tests never call the solution
+        return [1.0] * len(completions)
+
+    report = _run([exact, constant])
+    assert [(r, p) for r, p, _ in report.flagged] == [("constant", "empty")]
+    assert "(the empty completion) scores like a correct answer: mean 1.000 >= the reference's 1.000 over 4 rows" \
+        in report.flagged[0][2]
+
+
 def test_builtin_rewards_are_not_flagged_on_gsm8k_rows():
     fns = [(*get_reward_fn("math_answer"), 1.0), (*get_reward_fn("format"), 1.0)]
     report = _run(fns)

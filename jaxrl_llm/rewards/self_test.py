@@ -19,7 +19,8 @@ only `empty`, `echo` and `overlong` are built, and nothing can be flagged.
 
 A probe is **flagged** for a reward when, over the rows where the reward pays `reference` more than
 `empty`, the probe's mean score is >= the mean of `reference` on the same rows (within 1e-6): it scores
-like a correct answer. A reward that returns None on every probe, or raises on every one (with
+like a correct answer. `empty` itself is flagged when the reward pays the reference something but
+never more than the empty completion (a code reward whose tests never run pays nothing else). A reward that returns None on every probe, or raises on every one (with
 `reward.on_error=zero`), is flagged too: it judges nothing on this data.
 
 The calling itself is the caller's (`run_self_test` takes a function building the batch's inputs), so
@@ -227,8 +228,13 @@ def _flags(name: str, scores, present: int, errors: float, n: int) -> list[tuple
     if errors >= n:
         return [(name, "*", "raised on every probe completion (reward.on_error=zero scores them 0)")]
     ref, empty = scores["reference"], scores["empty"]
-    judged = [r for r in range(len(ref)) if ref[r] is not None and empty[r] is not None and ref[r] > empty[r]]
+    both = [r for r in range(len(ref)) if ref[r] is not None and empty[r] is not None]
+    judged = [r for r in both if ref[r] > empty[r]]
     out = []
+    if both and not judged and _mean([ref[r] for r in both]) > 0:  # pays the empty completion like the answer
+        got = _mean([empty[r] for r in both])
+        out.append((name, "empty", f"({PROBES['empty'][0]}) scores like a correct answer: mean {got:.3f} >= the "
+                                   f"reference's {_mean([ref[r] for r in both]):.3f} over {len(both)} rows"))
     for probe in PROBES:
         if probe in ("empty", "reference"):
             continue

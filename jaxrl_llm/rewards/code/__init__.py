@@ -2,16 +2,17 @@
 
 The solution runs in a sandbox (`launch`: bubblewrap namespaces, seccomp, a uid of its own, rlimits,
 an audit hook; fewer layers where bubblewrap is missing, see `sandbox_layers()`). The judge
-(`judge`), outside it, sends only inputs (`cases`), receives only plain values (`values`) and
-compares them itself, or lets the dataset's test code compare them in a checker process of its
-own (`checker`), where the solution's functions are proxies; so nothing the solution does inside
-can forge a pass. docs/rewards.md has the formats and the threat model.
+(`judge`), outside it, sends only inputs (`cases`), receives only values of builtin types (`values`)
+and compares them itself, with Python's semantics, or lets the dataset's test code compare them in
+a checker process of its own (`checker`), where the solution's functions are proxies; so nothing
+the solution does inside can forge a pass. docs/rewards.md has the formats and the threat model.
 
 Modules: `extract` (the code in a completion), `cases` (test formats, assert parsing), `script`
-(other test code as units), `values` (wire format, decoding budget, exact comparison), `runner` (the
-program inside the sandbox), `audit` (its audit hook), `seccomp` (its system-call filter), `launch`
-(starting it), `session` (one sandbox from the judge's side), `checker` (the test code's process),
-`judge` (scoring), `api` (entry points).
+(other test code as units and tests), `values` (wire format of real Python values, decoding budget,
+Python's comparison), `runner` (the program inside the sandbox), `audit` (its audit hook), `seccomp`
+(its system-call filter), `launch` (starting it), `session` (one sandbox from the judge's side),
+`checker` (the test code's process), `testforms` (its pytest and unittest runners), `judge`
+(scoring), `api` (entry points).
 """
 
 from jaxrl_llm.rewards.code.api import code_tests, run_code_tests, run_sandboxed, sandbox_layers

@@ -20,6 +20,9 @@ from jaxrl_llm.rewards.code.judge import (
 from jaxrl_llm.rewards.registry import register_reward
 
 
+NO_TESTS = SandboxResult("no_tests", "the tests hold no statement: score 0")
+
+
 def sandbox_layers() -> tuple[str, ...]:
     """The protection layers active on this machine (see docs/rewards.md); `bwrap` among them means
     the solution runs in bubblewrap namespaces, its absence that only the fallback layers hold."""
@@ -39,7 +42,10 @@ def run_sandboxed(code: str, tests=(), *, timeout: float = DEFAULT_TIMEOUT, memo
     runs in the checker process)."""
     if unsafe_asserts is not None:
         parse_tests([], unsafe_asserts=unsafe_asserts)  # the deprecation warning
-    cases = parse_tests(tests) if _has_tests(tests) else []
+    if not _has_tests(tests):
+        cases = []
+    elif not (cases := parse_tests(tests)):
+        return NO_TESTS  # test code with no statement (comments only): nothing to run
     return judge(code, cases, timeout=timeout, memory_mb=memory_mb, cpu_time=cpu_time, file_size_mb=file_size_mb,
                  disk_mb=disk_mb, float_tolerance=float_tolerance)  # fmt: skip
 
@@ -71,7 +77,7 @@ def run_code_tests(completions: Sequence[str], tests: Sequence, *, timeout: floa
         except ValueError as e:
             raise ValueError(f"tests of row {i}: {e}") from e
     jobs = [i for i, cases in enumerate(rows) if cases]
-    results: list[SandboxResult | None] = [None] * len(completions)
+    results: list[SandboxResult | None] = [None if not _has_tests(t) else NO_TESTS for t in tests]
     if not jobs:
         return results
     launch.warn_if_weak()

@@ -8,11 +8,12 @@ A row's `tests` is one of:
   forms, each assert is one function-call case, compared by the judge itself (the fast path):
     assert f(args) == literal        assert literal == f(args)       assert f(args) != literal
     assert f(args) is None / True / False                            assert f(args) in literal
-    assert f(args)   (== True)       assert not f(args)   (== False)
+    assert f(args)   (truthy)        assert not f(args)   (falsy)
     assert math.isclose(f(args), literal[, rel_tol=, abs_tol=])
     assert abs(f(args) - literal) < eps   (or <=)
-  where args are literals (keywords too) and f a plain name or `Solution().method`; the asserts
-  of a HumanEval-style `def check(candidate): ...` count where `check(f)` is called. Any other
+  where args are literals (keywords too) and f a plain name that is not a builtin's or
+  `Solution().method`; each is judged as Python would (`values`: real types, `1 == True`); the
+  asserts of a HumanEval-style `def check(candidate): ...` are one case where `check(f)` is called. Any other
   test code runs whole in a checker process of its own, one case per top-level statement that is
   not a definition, import or assignment (`script`, `checker`).
 """
@@ -20,6 +21,7 @@ A row's `tests` is one of:
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import dataclasses
 import json
@@ -34,10 +36,10 @@ from jaxrl_llm.rewards.code import script, values
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One unit the judge runs. kind: 'stdio' (payload: stdin text), 'call' (payload: (fn_name,
-    args, kwargs)) or 'script' (payload: (source of one top-level statement, the free names as
-    (name, 'proxy' | 'module') pairs, the statement as written), run by the checker process).
-    check: how `expected` is compared: 'eq', 'ne', 'in', 'isclose' (rel_tol/abs_tol),
-    'abs_lt'/'abs_le' (abs_tol)."""
+    args, kwargs)) or 'script' (payload: (source of one unit, the free names that are stdlib
+    modules as (name, 'module') pairs, the unit as written), run by the checker process).
+    check: how `expected` is compared: 'eq', 'ne', 'is', 'in', 'truthy', 'falsy', 'isclose'
+    (rel_tol/abs_tol), 'abs_lt'/'abs_le' (abs_tol)."""
 
     kind: str
     payload: Any
@@ -46,6 +48,7 @@ class Case:
     rel_tol: float = 0.0
     abs_tol: float = 0.0
     counted: bool = True  # False: setup (a definition, an import, an assignment), run but not scored
+    group: int | None = None  # the asserts of one `check(f)` call share one: together they are one case
 
 
 class _NotSimple(ValueError):
@@ -80,10 +83,15 @@ def parse_tests(tests, *, unsafe_asserts: bool | None = None) -> list[Case]:
     else:
         raise ValueError(f"tests must be a dict, a string or a list of strings, got {type(tests).__name__}")
     try:
-        return [case for tree in trees for case in _source_cases(tree)]
+        cases = [case for tree in trees for case in _source_cases(tree)]
     except _NotSimple:
-        units, names = script.script_units(trees)
-        return [Case("script", (source, tuple(names), shown), counted=counted) for source, counted, shown in units]
+        cases = []
+    if cases:
+        return cases
+    units, modules = script.script_units(trees)  # no fast-path case: the checker says whether any runs
+    if not units:
+        return []  # no statement at all: the judge has nothing to run (`no_tests` where tests were given)
+    return [Case("script", (source, tuple(modules), shown), counted=counted) for source, counted, shown in units]
 
 
 def _io_cases(spec: Mapping) -> list[Case]:
@@ -126,7 +134,9 @@ def _source_cases(tree: ast.Module) -> list[Case]:
             called.add(name)
             template, fn = templates[name], node.value.args[0].id
             param = template.args.args[0].arg
-            cases += [_statement_cases(_Rename(param, fn).visit(stmt))[0] for stmt in _asserts(template)]
+            group = len(cases)  # grows with every call: each check has an assert
+            cases += [dataclasses.replace(_statement_cases(_Rename(param, fn).visit(stmt))[0], group=group)
+                      for stmt in _asserts(template)]  # fmt: skip
         elif not (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
                   and _is_literal(node.value)):  # fmt: skip
             cases += _statement_cases(node)
@@ -197,7 +207,7 @@ def _assert_case(test: ast.expr) -> Case:
             call, lit = (left, right) if _is_call(left) else (right, left)
             return Case("call", _call(call), _literal(lit), "eq" if isinstance(op, ast.Eq) else "ne")
         if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (None, True, False):
-            return Case("call", _call(left), right.value)
+            return Case("call", _call(left), right.value, "is")
         if isinstance(op, ast.In):
             options = _literal(right)
             if not isinstance(options, (list, tuple, set, frozenset)):
@@ -215,9 +225,9 @@ def _assert_case(test: ast.expr) -> Case:
             raise ValueError("math.isclose takes only rel_tol and abs_tol here")
         return Case("call", _call(call), _number(lit), "isclose", tols.get("rel_tol", 1e-9), tols.get("abs_tol", 0.0))
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return Case("call", _call(test.operand), False)
+        return Case("call", _call(test.operand), None, "falsy")
     if _is_call(test):
-        return Case("call", _call(test), True)
+        return Case("call", _call(test), None, "truthy")
     raise ValueError("unsupported assert form")
 
 
@@ -227,8 +237,8 @@ def _is_call(node: ast.expr) -> bool:
 
 def _callee(func: ast.expr) -> str | None:
     """`f` or `Solution().method` (LeetCode style) as the name the sandbox looks up."""
-    if isinstance(func, ast.Name) and func.id not in ("abs", "math", "set", "sorted", "list", "tuple", "len"):
-        return func.id
+    if isinstance(func, ast.Name) and not hasattr(builtins, func.id):  # `max(...)`: the builtin unless the
+        return func.id  # solution defines one, which only the checker process learns (at run time)
     if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) and not func.value.args
             and isinstance(func.value.func, ast.Name) and func.value.func.id == "Solution"):  # fmt: skip
         return func.attr

@@ -2,15 +2,18 @@
 
 `python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`, started by the judge for rows whose tests are
 Python beyond the simple assert forms (`script`). It reads one JSON config line (the units, the
-free names, the decoding budget, the tolerance, its own rlimits), then runs the units in order in
-one namespace. A proxy call writes `{"call": [name, args, kwargs]}` (wire form, `values.encode`)
-and reads back one line: the sandbox's own reply, relayed unchanged by the judge, which this
-process decodes under the budget (`values.read_reply`, `values.decode`) into plain values. After
-each unit it writes `{"case": k, "ok": bool, "why": "..."}`.
+free names that are stdlib modules, the decoding budget, the tolerance, its own rlimits), then one
+line of the solution's top-level names once it has loaded (each becomes a proxy, over the builtins
+and as `solution.<name>`), then runs the units in order in one namespace (`testforms` runs the
+pytest and unittest tests). A proxy call writes `{"call": [name, args, kwargs]}` (wire form,
+`values.encode`) and reads back one line: the sandbox's own reply, relayed unchanged by the judge,
+which this process decodes under the budget (`values.read_reply`, `values.decode`) into values of
+builtin types, writing back the arguments the solution changed in place. After each unit it writes
+`{"case": k, "ok": bool, "why": "...", "calls": n}` (`script.Units` counts the cases).
 
 The solution never sees the test code or anything the test code computes, only the arguments of
-its own calls; what comes back is plain data (no pickle, no object), so a reply cannot forge a
-pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
+its own calls; what comes back is data of builtin types (no pickle, no object), so a reply cannot
+forge a pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
 """
 
 from __future__ import annotations
@@ -24,29 +27,38 @@ import signal
 import subprocess
 import time
 
-from jaxrl_llm.rewards.code import launch, values
+from jaxrl_llm.rewards.code import launch, script, testforms, values
 
 MEMORY_MB = 1024  # RLIMIT_AS of the checker: test code and decoded replies (each within the budget)
 
 _MAIN = r'''
 import builtins, os, resource, sys
 
+# Exceptions that steer the test code's control flow (end a loop, a map or the program): raised by
+# the solution they fail the case, whatever the test code does with them.
+STEERING = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "SystemExit", "KeyboardInterrupt")
+
 
 class SolutionError(Exception):
-    """An exception the solution raised, of a type that is not a builtin exception."""
+    # An exception the solution raised, of a type that is not a builtin exception (or one that steers).
+    pass
 
 
 def raised(text):
-    """The solution's `TypeName: message` as an exception to raise in the test code: the builtin
-    exception of that name (tests may expect a ValueError), else SolutionError."""
+    # The solution's `TypeName: message` as an exception to raise in the test code: the builtin
+    # exception of that name (tests may expect a ValueError), else SolutionError.
     name, _, message = text.partition(": ")
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if name not in STEERING and isinstance(kind, type) and issubclass(kind, Exception):
         try:
             return kind(message)
         except BaseException:  # UnicodeDecodeError and the like take other arguments
             pass
     return SolutionError(text)
+
+
+def exit_program(code=None):
+    raise SystemExit(code)  # exit() / quit(), as the site module (-S: not loaded) would define them
 
 
 def main():
@@ -63,17 +75,23 @@ def main():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     budget = Budget(**cfg["budget"])
     tolerance = cfg["tolerance"] or 0.0
+    state = {"calls": 0, "steered": ""}
 
     def call(name, args, kwargs):
+        state["calls"] += 1
         send({"call": [name, encode(list(args)), encode(kwargs)]})
         line = reader.readline()
         if not line:
             raise SystemExit("the judge is gone")
         record = read_reply(line.rstrip(b"\n"), budget)
         if "error" in record:
-            raise raised(str(record["error"]))
+            error = str(record["error"])
+            if error.partition(":")[0] in STEERING:
+                state["steered"] = state["steered"] or error[:200]
+            raise raised(error)
         if "value" not in record:
             raise SolutionError("no value")
+        write_back(args, kwargs, record.get("changed", []))
         return decode(record["value"])
 
     class Proxy:
@@ -93,25 +111,63 @@ def main():
     module = type(sys)("__main__")  # `if __name__ == "__main__": check(f)` runs; dataclasses find it
     sys.modules["__main__"] = module
     namespace = module.__dict__
-    namespace.update({"__builtins__": builtins, cfg["same"]: lambda a, b: same(a, b, tolerance, tolerance)})
-    for name, kind in cfg["names"]:
-        namespace[name] = (lambda *a, **k: Instance()) if name == "Solution" else Proxy(name)
-        if kind == "module":
+    names = json.loads(reader.readline())  # the solution's top-level functions and classes, once it loaded
+    used = {name for name, kind in cfg["modules"] if kind == "used"}
+    scope = bind_solution(names, used, lambda n: (lambda *a, **k: Instance()) if n == "Solution" else Proxy(n))
+    sys.modules["pytest"] = make_pytest()
+    namespace.update({"__builtins__": scope, cfg["same"]: lambda a, b: equal(a, b, tolerance),
+                      cfg["run_function"]: lambda name: run_function(namespace, name),
+                      cfg["run_method"]: lambda cls, name: run_method(namespace, cls, name)})
+    for name, kind in cfg["modules"]:
+        if kind == "module" and name not in names:
             try:
                 namespace[name] = __import__(name)
             except BaseException:
                 pass
     shown = [written for _, written in cfg["units"]]
     for k, (source, _) in enumerate(cfg["units"]):
+        state["calls"], state["steered"] = 0, ""
         try:
             exec(compile(source, "<tests %d>" % k, "exec"), namespace)
-            send({"case": k, "ok": True})
+            why = "the solution raised " + state["steered"] if state["steered"] else ""
         except BaseException as error:
-            send({"case": k, "ok": False, "why": describe(error, shown)})
+            why = describe(error, shown)
+        send({"case": k, "ok": not why, "why": why, "calls": state["calls"]})
+
+
+def bind_solution(names, used, proxy_of):
+    # The builtins the test code sees, with the solution's names over them, and the module
+    # `solution` (`from solution import f`). A builtin name is the solution's only when the test code
+    # reads no other name of the solution's (then it is the function under test).
+    scope = dict(vars(builtins), exit=exit_program, quit=exit_program)
+    tested = [name for name in names if name in used and name not in scope]
+    solution = type(sys)("solution")
+    for name in names:
+        proxy = solution.__dict__[name] = proxy_of(name)
+        if name not in scope or not tested:
+            scope[name] = proxy
+    solution.__all__ = list(names)
+    sys.modules["solution"] = solution
+    return scope
+
+
+def write_back(args, kwargs, changed):
+    # What the solution did to its arguments in place, done to the test code's own objects: each
+    # entry [position or keyword, the argument's value after the call] (mutable containers only).
+    for where, value in changed:
+        target = args[where] if type(where) is int and 0 <= where < len(args) else kwargs.get(where)
+        new = decode(value)
+        if type(new) is not type(target):
+            continue
+        target.clear()
+        if isinstance(target, (dict, set)):
+            target.update(new)
+        else:  # list, bytearray, deque
+            target.extend(new)
 
 
 def describe(error, shown):
-    """`TypeName: message`; for a bare failed assert, the assert's line in the test code as written."""
+    # `TypeName: message`; for a bare failed assert, the assert's line in the test code as written.
     try:
         text = str(error).strip().splitlines()
     except BaseException:
@@ -129,14 +185,14 @@ def describe(error, shown):
 main()
 '''
 
-SOURCE = inspect.getsource(values) + _MAIN
+SOURCE = inspect.getsource(values) + testforms.SOURCE + _MAIN
 
 
 class Checker:
     """A started checker process: `receive()` one message (a dict; None at EOF, past the deadline
     or for a malformed or over-long line), `relay(line)` one sandbox reply, `close()`."""
 
-    def __init__(self, units, names, *, same: str, budget: values.Budget, tolerance, deadline: float, max_line: int):
+    def __init__(self, units, modules, *, budget: values.Budget, tolerance, deadline: float, max_line: int):
         self.deadline = deadline
         self.timed_out = False
         self.max_line = max_line
@@ -144,7 +200,8 @@ class Checker:
         self._scanned = 0
         cpu = math.ceil(max(1.0, deadline - time.monotonic())) + 1
         limits = [("RLIMIT_AS", MEMORY_MB << 20, MEMORY_MB << 20), ("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_CORE", 0, 0)]
-        config = {"units": units, "names": names, "same": same, "tolerance": tolerance, "rlimits": limits,
+        config = {"units": units, "modules": modules, "same": script.SAME, "run_function": script.RUN_FUNCTION,
+                  "run_method": script.RUN_METHOD, "tolerance": tolerance, "rlimits": limits,
                   "budget": {"bytes": budget.bytes, "elements": budget.elements, "digits": budget.digits}}  # fmt: skip
         request_r, self._request_w = os.pipe()
         self._reply_r, reply_w = os.pipe()

@@ -1,4 +1,4 @@
-"""The trusted judge: runs cases in a sandbox and compares the returned plain values itself.
+"""The trusted judge: runs cases in a sandbox and compares the returned values itself (Python's semantics).
 
 Correctness comes only from values the judge compares with expectations that never left it, each
 case counted once, keyed by the index the judge asked for. Nothing the sandbox says about itself
@@ -34,7 +34,9 @@ class SandboxResult:
       'timeout' (wall clock: the judge killed it), 'cpu_limit' (RLIMIT_CPU: the kernel), 'memory'
       (MemoryError), 'output_limit' (RLIMIT_FSIZE, or the judge's caps on replies and on stdout +
       stderr), 'disk' (the tmpfs is full), 'crashed' (the sandbox ended or broke the protocol
-      before answering every case). `reason` says which limit and who ended the process.
+      before answering every case), 'no_tests' (the tests ran, but no case called the solution: a
+      test file of definitions only, a `check` never called; score 0). `reason` says which limit
+      and who ended the process.
     reason: one line saying why, '' when passed. passed / total: cases passed / counted cases.
     stdout: without tests, what the program printed; with tests, the sandbox's own stdout (4 KiB).
     """
@@ -56,7 +58,7 @@ class SandboxResult:
         if self.blocked or self.status == "blocked":
             return 0.0
         if self.total == 0:
-            return float(self.status == "passed")
+            return float(self.status == "passed")  # a test-less run; `no_tests` scores 0
         return self.passed / self.total
 
 
@@ -101,6 +103,8 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
         returncode = 128 - returncode  # bwrap reports the runner's death by signal N as 128 + N
     stdout = tally.program_output[:4096] if run_only else stdout
     status, reason = _status(tally, session, returncode, timeout)
+    if status == "passed" and tally.total == 0 and not run_only:
+        status, reason = "no_tests", "the tests ran no case that calls the solution: score 0"
     return SandboxResult(status, reason, tally.passed, tally.total, returncode, time.monotonic() - start,
                          stdout, stderr, tuple(session.blocked))  # fmt: skip
 
@@ -139,99 +143,115 @@ class _Tally:
 
 
 def _exchange(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance) -> None:
-    if not ready(session, tally, budget):
-        return
-    for index, case in enumerate(cases):
-        if case.kind == "call":
-            request = {"i": index, "call": case.payload}  # (name, args, kwargs): plain, checked by parse_tests
-        else:
-            request = {"i": index, "stdin": case.payload}
-        if not session.send(request):
+    """Sends the cases one at a time and compares each answer. Counted cases of one `group` (the
+    asserts of one `check(f)` call) are one case, passed when all of them pass."""
+    results: dict = {}
+    try:
+        if ready(session, tally, budget) is None:
             return
-        record, _ = next_record(session, tally, budget)
-        if record is None:
-            return
-        tally.answered += 1
-        if type(record.get("i")) is not int or record["i"] != index:
-            tally.protocol = f"reply for test {record.get('i')!r} when test {index} was asked"
-            return
-        ok, why = _verdict(case, record, float_tolerance, tally)
-        if time.monotonic() > session.deadline:  # decoding and comparing count against the row's time:
-            session.timed_out = True  # a verdict reached too late does not count
-            return
-        if case.counted and ok:
-            tally.passed += 1
-        elif not ok:
-            tally.first_failure = tally.first_failure or f"test {index} failed: {why}"
+        for index, case in enumerate(cases):
+            if case.kind == "call":
+                request = {"i": index, "call": case.payload}  # (name, args, kwargs): plain, checked by parse_tests
+            else:
+                request = {"i": index, "stdin": case.payload}
+            if not session.send(request):
+                return
+            record, _ = next_record(session, tally, budget)
+            if record is None:
+                return
+            tally.answered += 1
+            if type(record.get("i")) is not int or record["i"] != index:
+                tally.protocol = f"reply for test {record.get('i')!r} when test {index} was asked"
+                return
+            ok, why = _verdict(case, record, float_tolerance, tally)
+            if time.monotonic() > session.deadline:  # decoding and comparing count against the row's time:
+                session.timed_out = True  # a verdict reached too late does not count
+                return
+            results[index] = ok
+            if not ok:
+                tally.first_failure = tally.first_failure or f"test {index} failed: {why}"
+    finally:
+        groups: dict = {}
+        for index, case in enumerate(cases):
+            if case.counted:
+                key = ("group", case.group) if case.group is not None else ("case", index)
+                groups[key] = groups.get(key, True) and results.get(index, False)
+        tally.total, tally.passed = len(groups), sum(groups.values())
 
 
 def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance,
                      max_line: int) -> None:  # fmt: skip
     """Runs the row's test code in a checker process (`checker`), relaying each proxy call to the
-    sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order."""
+    sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order
+    (`script.Units` counts the cases among them)."""
     units = [(case.payload[0], case.payload[2]) for case in cases]
-    tests = checker.Checker(units, list(cases[0].payload[1]), same=script.SAME, budget=budget,
-                            tolerance=float_tolerance, deadline=session.deadline, max_line=max_line)  # fmt: skip
+    tests = checker.Checker(units, list(cases[0].payload[1]), budget=budget, tolerance=float_tolerance,
+                            deadline=session.deadline, max_line=max_line)  # fmt: skip
+    counter = script.Units(cases, tally)
     try:
-        if not ready(session, tally, budget):
+        names = ready(session, tally, budget)
+        if names is None or not tests.relay(json.dumps(names).encode()):
             return
-        calls, setup_failed = 0, False
+        calls = 0
         while tally.answered < len(cases):
             message = tests.receive()
             if message is None:
                 tally.protocol = tally.protocol or "the checker process ended before every test ran"
                 break
             if "call" in message:
-                try:
-                    name, args, kwargs = message["call"]
-                    request = {"i": calls, "call": (str(name), values.decode(args), values.decode(kwargs))}
-                except (ValueError, TypeError, RecursionError):
-                    tally.protocol = "the checker process sent a malformed call"
+                if not _relay_call(session, tests, tally, budget, message, calls):
                     break
-                if not session.send(request):
-                    break
-                record, line = next_record(session, tally, budget)
-                if record is None:
-                    break
-                if type(record.get("i")) is not int or record["i"] != calls:
-                    tally.protocol = f"reply for call {record.get('i')!r} when call {calls} was made"
-                    break
-                note_error(record, tally)
                 calls += 1
-                if not tests.relay(line):
-                    break
             elif message.get("case") == tally.answered:
-                case = cases[tally.answered]
-                tally.answered += 1
-                if message.get("ok") is True:
-                    tally.passed += case.counted and not setup_failed
-                else:
-                    why = str(message.get("why", ""))[:300]
-                    tally.first_failure = tally.first_failure or f"test {tally.answered - 1} failed: {why}"
-                    if not case.counted:  # the test code could not set itself up: nothing after it counts
-                        setup_failed, tally.passed = True, 0
+                counter.add(message)
             else:
                 tally.protocol = "the checker process broke the protocol"
                 break
     finally:
+        counter.finish()
         tests.close()
         session.timed_out |= tests.timed_out
 
 
-def ready(session: Session, tally: _Tally, budget: values.Budget) -> bool:
-    """Waits for the sandbox's first message: True once the solution loaded, else the tally says why."""
-    record, _ = next_record(session, tally, budget)
+def _relay_call(session: Session, tests, tally: _Tally, budget: values.Budget, message: dict, index: int) -> bool:
+    """One proxy call of the checker sent to the sandbox, its reply relayed back: False on failure."""
+    try:
+        name, args, kwargs = message["call"]
+        values.decode(args), values.decode(kwargs)  # well formed; sent as they are (marshal takes wire form)
+        request = {"i": index, "wire": (str(name), args, kwargs)}
+    except (ValueError, TypeError, RecursionError):
+        tally.protocol = "the checker process sent a malformed call"
+        return False
+    if not session.send(request):
+        return False
+    record, line = next_record(session, tally, budget)
     if record is None:
         return False
+    if type(record.get("i")) is not int or record["i"] != index:
+        tally.protocol = f"reply for call {record.get('i')!r} when call {index} was made"
+        return False
+    note_error(record, tally)
+    return tests.relay(line)
+
+
+def ready(session: Session, tally: _Tally, budget: values.Budget) -> list[str] | None:
+    """Waits for the sandbox's first message: the solution's names (`runner.solution_names`) once it
+    loaded, else None and the tally says why."""
+    record, _ = next_record(session, tally, budget)
+    if record is None:
+        return None
     if "fatal" in record:
         tally.fatal = str(record["fatal"])[:300]
-        return False
+        return None
     if record.get("ready") is not True:
         tally.load_error = str(record.get("error", "no ready message"))[:300]
         tally.memory = tally.load_error.startswith("MemoryError")
         tally.output_limit = "[Errno 27]" in tally.load_error
-        return False
-    return True
+        return None
+    names = record.get("names", [])
+    if type(names) is not list:
+        names = []
+    return [n for n in names[:1024] if type(n) is str and n.isidentifier() and not n.startswith("__")]
 
 
 def next_record(session: Session, tally: _Tally, budget: values.Budget) -> tuple[dict | None, bytes]:
@@ -290,15 +310,21 @@ def _verdict(case: Case, record: dict, float_tolerance, tally: _Tally) -> tuple[
 
 
 def _compare(case: Case, got, float_tolerance) -> bool:
+    """The assert's own meaning in Python on the decoded value (real Python types, `values`):
+    `==`, `is`, `in`, truthiness, `math.isclose`, `abs(...) < eps`; an exception fails the case."""
     tol = float_tolerance or 0.0
     if case.check == "eq":
-        return values.same(case.expected, got, tol, tol)
+        return values.equal(got, case.expected, tol)
     if case.check == "ne":
-        return not values.same(case.expected, got, tol, tol)
+        return not values.equal(got, case.expected, tol)
+    if case.check == "is":
+        return got is case.expected  # None, True or False: decoded as the singletons
+    if case.check == "truthy":
+        return bool(got)
+    if case.check == "falsy":
+        return not got
     if case.check == "in":
-        return any(values.same(option, got, tol, tol) for option in case.expected)
-    if not values.is_number(got) or isinstance(got, float) and not math.isfinite(got):
-        return False
+        return any(values.equal(got, option, tol) for option in case.expected)
     if case.check == "isclose":
         return math.isclose(got, case.expected, rel_tol=case.rel_tol, abs_tol=case.abs_tol)
     if case.check == "abs_lt":

@@ -6,6 +6,8 @@ and installs the audit hook. Then it answers one request at a time (a 4-byte len
 `marshal` dump: the judge is its only writer) with one JSON reply line:
 
   {"i": k, "call": (name, args, kwargs)} -> {"i": k, "value": <values.encode(result)>}
+  {"i": k, "wire": (name, args, kwargs)} -> the same, the arguments in wire form (a checker's proxy
+                                            call), plus "changed": the arguments changed in place
   {"i": k, "stdin": text}                -> {"i": k, "stdout": text}   (program re-run, fresh globals)
   any failure                            -> {"i": k, "error": "TypeName: first line"}
 
@@ -96,8 +98,9 @@ def main():
         if error is not None:
             reply({"ready": False, "error": error})
             return
-    reply({"ready": True})
-    handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg)}
+    reply({"ready": True, "names": solution_names(namespace)})
+    handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg),
+                "wire": lambda p: call(namespace, p[0], decode(p[1]), decode(p[2]), True)}
     while True:
         request = read_message(request_fd)
         if request is None:
@@ -133,14 +136,31 @@ def run_program(program, namespace):
         return describe(error)
     return None
 
-def call(namespace, name, args, kwargs):
+def solution_names(namespace):
+    """The solution's top-level callables (functions, classes, imported ones): the names the test
+    code's free names resolve to. Dunder names never: `__import__` would reach the test code's imports."""
+    names = [n for n, v in list(namespace.items())[:4096] if type(n) is str and n.isidentifier()
+             and not n.startswith("__") and len(n) <= 100 and callable(v)]
+    return names[:1024]
+
+def call(namespace, name, args, kwargs, track=False):
+    """The solution's `name(*args, **kwargs)`; with `track`, also the mutable containers among the
+    arguments (list, dict, set, bytearray, collections') that the call changed in place, as
+    [position or keyword, value after]."""
     fn = namespace.get(name)
     if fn is None and isinstance(namespace.get("Solution"), type):
         fn = getattr(namespace["Solution"](), name, None)
     if not callable(fn):
         raise NameError("the solution defines no function %r" % name)
+    mutable = [(k, v) for k, v in list(enumerate(args)) + list(kwargs.items())
+               if isinstance(v, (list, dict, set, bytearray)) or type(v).__name__ == "deque"]
+    before = [encode(v) for _, v in mutable] if track else []
     result = fn(*args, **kwargs)
-    return {"value": encode(result)}
+    record = {"value": encode(result)}
+    if before:
+        after = [encode(v) for _, v in mutable]
+        record["changed"] = [[k, a] for (k, _), b, a in zip(mutable, before, after) if a != b]
+    return record
 
 def scratch(work, data):
     try:
@@ -217,4 +237,7 @@ finally:
     os._exit(0)
 '''
 
-SOURCE = "\n".join([inspect.getsource(values.encode), audit.SOURCE, _MAIN])
+# The wire format's two directions (values.py), builtins only: the `_TYPES = ...` line is taken as written.
+_TYPES_LINE = next(line for line in inspect.getsource(values).splitlines() if line.startswith("_TYPES = "))
+SOURCE = "\n".join([inspect.getsource(values.encode), inspect.getsource(values.decode),
+                    inspect.getsource(values._pairs), _TYPES_LINE, audit.SOURCE, _MAIN])

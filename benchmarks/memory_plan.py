@@ -7,6 +7,7 @@
     python benchmarks/memory_plan.py --toy                    # seconds: a tiny model (keeps the script from rotting)
     python benchmarks/memory_plan.py --attention xla          # the dense attention path instead of auto's choice
     python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
+    python benchmarks/memory_plan.py --max_tokens_per_microbatch 16384 --pack_length 16384   # a token budget
     python benchmarks/memory_plan.py --model qwen2.5-32b --meshes 1x8x1 --lora-rank 16   # LoRA: adapters train
     python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo opd   # distillation
     python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo gkd   # 151936 vs 152064 logits
@@ -38,6 +39,12 @@ rows per micro-batch of n rows, tokens = n/G (P - 1) + n (1 + mean) with shared 
 + mean) without; the LM head's rows K = R L, as the trainer sets them (its chunks past the last predicting
 slot are skipped at run time, and only one chunk's logits exist at a time). Longer completions need more rows.
 
+Token budget (`--max_tokens_per_microbatch` K, train.max_tokens_per_microbatch): the score and update
+programs run micro-batches of rows by tokens (trainer/microbatches.py): unpacked, shards x floor(K / (P+T))
+rows each; packed, all of a pass's rows packed as above then split into micro-batches of
+shards x floor(K / L) packed rows, M of them (rounded as the trainer rounds them). "grad accum" then shows
+the update's M.
+
 Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
 the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
 to float32, so "temp" (activations, gradients, logits) is an estimate, usually on the high side. Keep
@@ -54,53 +61,10 @@ import sys
 GIB = 2 ** 30
 CHIPS = {"v5e": 16 * GIB, "H100": 80 * GIB, "v5p": 95 * GIB}
 
-# config.json of Qwen/Qwen2.5-7B (no download needed: the memory plan uses shapes only).
-QWEN25_7B = {
-    "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": False,
-    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643, "use_sliding_window": False,
-}
-# config.json of Qwen/Qwen2.5-1.5B: the model of the GPU suite's measured step (benchmarks/gpu_suite.py).
-QWEN25_1_5B = dict(QWEN25_7B, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
-TOY = {"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
-       "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 1}
-# config.json of Qwen/Qwen2.5-32B.
-QWEN25_32B = dict(QWEN25_7B, vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                  num_attention_heads=40, num_key_value_heads=8)
-# config.json of Qwen/Qwen3-30B-A3B: 128 experts, 8 per token (3.3B active of 30.5B parameters).
-QWEN3_30B_A3B = {
-    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "tie_word_embeddings": False,
-    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645, "use_sliding_window": False,
-    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
-    "decoder_sparse_step": 1, "mlp_only_layers": [],
-}
-# config.json of google/gemma-2-9b, of the text model of google/gemma-3-4b-pt, and of mistralai/Mistral-7B-v0.1.
-GEMMA2_9B = {
-    "model_type": "gemma2", "vocab_size": 256000, "hidden_size": 3584, "intermediate_size": 14336,
-    "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
-    "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
-    "final_logit_softcapping": 30.0, "max_position_embeddings": 8192, "rope_theta": 10000.0,
-    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "eos_token_id": 1,
-}
-GEMMA3_4B = {
-    "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
-    "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-    "query_pre_attn_scalar": 256, "sliding_window": 1024, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
-    "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-    "max_position_embeddings": 131072, "hidden_activation": "gelu_pytorch_tanh", "eos_token_id": 1,
-}
-MISTRAL_7B = {
-    "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "sliding_window": 4096,
-    "max_position_embeddings": 32768, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-    "eos_token_id": 2,
-}
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness.hf_models import (GEMMA2_9B, GEMMA3_4B, MISTRAL_7B, QWEN3_30B_A3B, QWEN25_1_5B, QWEN25_7B,  # noqa: E402
+                               QWEN25_32B, TOY)
+from harness.microbatch_plan import micro_batches, packed_rows, update_micro_batches  # noqa: E402
 from harness.shapes import SIZES, hf_dict  # noqa: E402  (no jax: XLA_FLAGS are set below before it starts)
 
 MODELS = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-1.5b": QWEN25_1_5B, "qwen2.5-32b": QWEN25_32B, "toy": TOY,
@@ -131,6 +95,9 @@ def parse_args(argv=None):
     p.add_argument("--attention", default="auto", help="model.attention: auto | xla | blockwise")
     p.add_argument("--pack_length", "--pack-length", type=int, default=0,
                    help="train.pack_length: tokens per packed row of the score and update passes; 0 = off")
+    p.add_argument("--max_tokens_per_microbatch", "--microbatch_tokens", dest="microbatch_tokens", type=int, default=0,
+                   help="train.max_tokens_per_microbatch: score/update micro-batches of rows by this many tokens per "
+                        "data x fsdp shard (packed: of packed rows); 0 = grad_accum's micro-batches of prompts")
     p.add_argument("--mean_new_tokens", "--mean-new-tokens", type=int, default=0,
                    help="mean completion length the packed plan assumes; 0 = new_tokens / 4")
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="LoRA adapters of this rank; 0 = full")
@@ -159,7 +126,10 @@ def parse_args(argv=None):
 
 
 def grad_accum_for(args, mesh_shape) -> int:
-    """--grad_accum, or (0) the smallest micro-batch the mesh allows: one prompt per data x fsdp shard."""
+    """--grad_accum, or (0) the smallest micro-batch the mesh allows: one prompt per data x fsdp shard; 1
+    with a token budget (which sets the micro-batches itself)."""
+    if args.microbatch_tokens:
+        return 1
     if args.grad_accum:
         return args.grad_accum
     per_step = args.batch_prompts // args.minibatches
@@ -177,7 +147,7 @@ def run_config(args, grad_accum: int):
     c.rollout.max_new_tokens = args.new_tokens
     c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
-    c.train.pack_length = args.pack_length
+    c.train.pack_length, c.train.max_tokens_per_microbatch = args.pack_length, args.microbatch_tokens
     c.lora.rank, c.lora.targets = args.lora_rank, args.lora_targets
     c.teacher.path = "memory-plan-teacher" if args.teacher else ""  # shapes from MODELS[args.teacher]
     return prepare(c)
@@ -212,20 +182,24 @@ def abstract_packs(c, mesh, mean_new_tokens: int):
     """(score plan, update plan) as ShapeDtypeStructs (module docstring, "Packing"), or (None, None)."""
     import jax
     from jaxrl_llm import sharding
-    from jaxrl_llm.models.packing import pack_rows
     if not c.train.pack_length:
         return None, None
-    B, G, P, L = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.train.pack_length
+    B, G, L = c.rollout.batch_prompts, c.rollout.group_size, c.train.pack_length
+    mean, divisor = mean_new_tokens or c.rollout.max_new_tokens // 4, sharding.batch_divisor(mesh)
+    rep = sharding.replicated(mesh)
+    shape = lambda *s: jax.ShapeDtypeStruct(s, "int32", sharding=rep)
+
+    def plan(m, n, r):  # the LM head's rows: every slot (chunks past the tokens skipped)
+        return {"row": shape(m, n), "offset": shape(m, n), "slots": shape(m, r), "predict": shape(m, r * L)} | (
+            {"prompt_offset": shape(m, n)} if c.train.pack_share_prompt else {})
+    if c.train.max_tokens_per_microbatch:  # each pass packs all its rows, then splits them by the budget
+        n_score, n_update = B * G, B // c.train.minibatches * G
+        (ms, rs), (mu, ru) = (micro_batches(c, n, mean, divisor) for n in (n_score, n_update))
+        return plan(ms, n_score, rs), plan(mu, n_update, ru)
     chunks, accum = c.train.minibatches * c.train.grad_accum, c.train.grad_accum
     n = B // chunks * G  # rows of a score chunk = rows of an update micro-batch
-    mean = mean_new_tokens or c.rollout.max_new_tokens // 4
-    tokens = n // G * (P - 1) + n * (1 + mean) if c.train.pack_share_prompt else n * (P + mean)
-    r = pack_rows(math.ceil(tokens / (0.9 * L)), sharding.batch_divisor(mesh), cap=n)
-    k, rep = r * L, sharding.replicated(mesh)  # the LM head's rows: every slot (chunks past the tokens skipped)
-    shape = lambda *s: jax.ShapeDtypeStruct(s, "int32", sharding=rep)
-    plan = lambda m: {"row": shape(m, n), "offset": shape(m, n), "slots": shape(m, r), "predict": shape(m, k)} | (
-        {"prompt_offset": shape(m, n)} if c.train.pack_share_prompt else {})
-    return plan(chunks), plan(accum)
+    r = packed_rows(c, n, mean, divisor)
+    return plan(chunks, n, r), plan(accum, n, r)
 
 
 def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> dict:
@@ -346,7 +320,8 @@ def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
     rows = []
     for mesh, r in results:
         g = lambda k: round(r[k] / unit, 2)
-        rows.append(["x".join(map(str, mesh)), r["grad_accum"], g("params"), g("opt"), g("ref"), g("value"), g("teacher"), g("kv_cache"),
+        accum = f"{r['micro_batches']} by tokens" if r["micro_batches"] else r["grad_accum"]
+        rows.append(["x".join(map(str, mesh)), accum, g("params"), g("opt"), g("ref"), g("value"), g("teacher"), g("kv_cache"),
                      g("sample_temp"), g("score_temp"), g("update_temp"), g("peak"),
                      *["yes" if r["peak"] <= 0.9 * cap else "no" for cap in CHIPS.values()]])
     return headers, rows
@@ -363,6 +338,7 @@ def main(argv=None):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax
+    from harness.flops import roofline
     from harness.report import markdown_table, update_markdown
 
     mc = model_config(args)
@@ -372,7 +348,7 @@ def main(argv=None):
         print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
               file=sys.stderr, flush=True)
         c = run_config(args, grad_accum_for(args, mesh))
-        results.append((mesh, {"grad_accum": c.train.grad_accum,
+        results.append((mesh, {"grad_accum": c.train.grad_accum, "micro_batches": update_micro_batches(c, mesh, args),
                                **plan_one(c, mc, mesh, devices, args.mean_new_tokens,
                                           model_config(args, teacher=True) if args.teacher else None)}))
     headers, rows = table(results, unit=2 ** 20 if args.model == "toy" else GIB)
@@ -385,8 +361,10 @@ def main(argv=None):
              f"{results[0][1]['trainable']:,} trainable parameters; "
              + (f"packed in rows of {c.train.pack_length} (mean completion {args.mean_new_tokens or c.rollout.max_new_tokens // 4}); "
                 if c.train.pack_length else "unpacked; ") +
+             (f"micro-batches of {c.train.max_tokens_per_microbatch} tokens per row shard; "
+              if c.train.max_tokens_per_microbatch else "") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
-    text = f"{title}\n\n{markdown_table(headers, rows)}\n"
+    text = f"{title}\n\n{markdown_table(headers, rows)}\n\n{roofline(c, mc, args.mesh_list)}\n"
     print(text)
     if args.out:
         update_markdown(args.out, args.key, text)

@@ -246,6 +246,8 @@ def _train(c: ml_collections.ConfigDict) -> None:
     c.train.minibatches = 1  # optimizer steps per epoch (the batch splits into whole prompt groups)
     c.train.grad_accum = 1  # micro-batches per optimizer step; the loss is normalized over the minibatch
     c.train.pack_length = 0  # >0: score/update passes pack prompt+completion rows into rows of this many tokens; 0 = off
+    c.train.max_tokens_per_microbatch = 0  # >0: score/update micro-batches of rows by this many tokens per data*fsdp
+    # shard (prompt + completion slots; packed rows of pack_length when packing), groups split freely; 0 = off
     c.train.pack_share_prompt = True  # packed rows hold a prompt once for its completions in that row (else once
     # each); where the attention is splash (TPU) the trainer keeps a copy each: the kernel has no mask for it
     c.train.max_nonfinite_steps = 3  # stop after this many consecutive skipped (NaN/inf) updates

@@ -276,6 +276,7 @@ def _validate_training(c) -> None:
     if _is_int(longest) and 0 < c.train.pack_length < longest:
         _fail("train.pack_length", f"0 (off) or at least data.max_prompt_length + rollout.max_new_tokens = {longest}, "
               "the longest prompt + completion", c.train.pack_length)
+    _validate_token_budget(c, longest)
     o = "optimizer."
     _check(c, o + "learning_rate", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0")
@@ -286,6 +287,21 @@ def _validate_training(c) -> None:
         _check(c, o + f, lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)")
     _check(c, o + "eps", lambda v: _is_num(v) and v > 0, "a number > 0")
     _check(c, o + "max_grad_norm", lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 = off)")
+
+
+def _validate_token_budget(c, longest) -> None:
+    """train.max_tokens_per_microbatch: 0, or room for the longest row (a packed row when packing) on a shard."""
+    budget, pack = c.train.max_tokens_per_microbatch, c.train.pack_length
+    _check(c, "train.max_tokens_per_microbatch", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
+    if budget and c.train.grad_accum != 1:
+        _fail("train.grad_accum", "1 with train.max_tokens_per_microbatch > 0 (the token budget sets the "
+              "micro-batches)", c.train.grad_accum)
+    if budget and pack and budget < pack:
+        _fail("train.max_tokens_per_microbatch", f"0 (off) or at least one packed row, train.pack_length = {pack} "
+              "tokens", budget)
+    if budget and not pack and _is_int(longest) and budget < longest:
+        _fail("train.max_tokens_per_microbatch", "0 (off) or at least the longest row, data.max_prompt_length + "
+              f"rollout.max_new_tokens = {longest} tokens", budget)
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")

@@ -27,6 +27,9 @@ from overrides import apply_overrides  # noqa: E402
 
 # The meshes of the equivalence test, (data, fsdp, tensor); the baseline is (1, 1, 1) on one device.
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 2, 4)]
+# "<mesh>+tokens": that mesh with micro-batches by a token budget (train.max_tokens_per_microbatch) of one
+# row per row shard (the prompt bucket + NEW_TOKENS <= 16 + 3): groups split over micro-batches and chips.
+TOKEN_BUDGET = {"train.max_tokens_per_microbatch": 19}
 BATCH_PROMPTS, GROUP, NEW_TOKENS = 8, 2, 3
 
 
@@ -137,7 +140,8 @@ def kv_cache_layout(trainer) -> dict:
 
 # ==================================================================================== 8 fake devices
 def meshes(out_dir: str, items: list[str]):
-    """Runs `items` in order: mesh names (1x1x1 is the 1-device baseline), `restore` (after 2x2x2 and,
+    """Runs `items` in order: mesh names (1x1x1 is the 1-device baseline; "+tokens": with TOKEN_BUDGET),
+    `restore` (after 2x2x2 and,
     for compiled programs to reuse, 1x4x2) and `errors` (after 1x1x1). The test splits them over two
     processes so that no long chain of compilations is left for one core at the end."""
     import jax
@@ -150,12 +154,13 @@ def meshes(out_dir: str, items: list[str]):
         elif item == "errors":
             bad_input(out_dir, devices)
         else:
-            mesh = tuple(int(v) for v in item.split("x"))
+            name, _, budget = item.partition("+")
+            mesh = tuple(int(v) for v in name.split("x"))
             with Notes() as notes:
-                t = Trainer(config(mesh), os.path.join(out_dir, f"w_{item}"),
+                t = Trainer(config(mesh, **(TOKEN_BUDGET if budget else {})), os.path.join(out_dir, f"w_{item}"),
                             devices=devices[:1] if mesh == (1, 1, 1) else devices)
             extra = {"notes": notes.messages}
-            if mesh == (2, 2, 2):
+            if item == "2x2x2":
                 extra["kv_cache"] = kv_cache_layout(t)
             save_run(out_dir, item, t, t.run(), extra)
 

@@ -90,8 +90,9 @@ def jobs(tmp_path_factory):
     # Two halves of similar cost, writing into one directory (the restore and the errors need the runs
     # before them in their half).
     j.start("meshes_a", [WORKER, "meshes", meshes, "1x1x1,2x2x2,1x4x2,restore,errors"], 8, meshes)
-    j.start("meshes_b", [WORKER, "meshes", meshes, ",".join("x".join(map(str, m)) for m in MESHES
-                                                              if m not in ((2, 2, 2), (1, 4, 2)))], 8, meshes)
+    j.start("meshes_b", [WORKER, "meshes", meshes, ",".join(["x".join(map(str, m)) for m in MESHES
+                                                              if m not in ((2, 2, 2), (1, 4, 2))] + ["2x2x2+tokens"])],
+            8, meshes)
     coordinator = f"127.0.0.1:{_free_port()}"
     two = os.path.join(root, "two")
     for pid in range(2):
@@ -139,6 +140,17 @@ def test_mesh_matches_one_device(jobs, mesh):
     assert_metrics_close(run["metrics"], base["metrics"], f"mesh {mesh}")
     assert_params_close(params, base_params, PARAM_ATOL, f"mesh {mesh}")
     # Both steps changed the policy: the comparison is not between two copies of the initialization.
+    assert all(m["policy/grad_norm"] > 1e-3 for m in run["metrics"])
+
+
+def test_token_budget_on_a_mesh_matches_one_device(jobs):
+    """train.max_tokens_per_microbatch on (2,2,2): 4 micro-batches of 4 rows (one per row shard, each row of
+    another group) against the one-device run of the whole batch at once."""
+    out = wait_meshes(jobs)
+    base, base_params = load(out, "1x1x1")
+    run, params = load(out, "2x2x2+tokens")
+    assert_metrics_close(run["metrics"], base["metrics"], "2x2x2 by tokens")
+    assert_params_close(params, base_params, PARAM_ATOL, "2x2x2 by tokens")
     assert all(m["policy/grad_norm"] > 1e-3 for m in run["metrics"])
 
 

@@ -84,3 +84,15 @@ def update_flops(config, batch: int, group: int, prompt_len: int, new_tokens: in
     executed = 3 * (exec_blocks + exec_head) + exec_head + recompute
     return {"blocks_fwd": blocks_fwd, "head_fwd": head_fwd, "forward": blocks_fwd + head_fwd,
             "useful": 3 * (blocks_fwd + head_fwd), "executed": executed}
+
+
+def roofline(c, mc, meshes) -> str:
+    """A line for benchmarks/memory_plan.py: the step's minimal model FLOPs (`iteration_flops`: sampling, reference,
+    policy forward + backward; matmuls and attention) over each mesh's chips at the bfloat16 datasheet peak
+    of a v5p and an H100 chip. A bound no run reaches (decoding is memory-bound), labelled as one."""
+    from jaxrl_llm.metrics import PEAK_FLOPS
+    flops = iteration_flops(mc, c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length,
+                            c.rollout.max_new_tokens)["total"]
+    times = ", ".join(f"{'x'.join(map(str, m))}: {flops / (math.prod(m) * PEAK_FLOPS['TPU v5p']):,.0f} s on v5p, "
+                      f"{flops / (math.prod(m) * PEAK_FLOPS['NVIDIA H100']):,.0f} s on H100" for m in meshes)
+    return f"Roofline step time (an estimate, not a measurement: {flops / 1e15:,.0f} PFLOP at the chips' peak): {times}"

@@ -120,8 +120,8 @@ class Trainer:
         leaves, treedef = jax.tree_util.tree_flatten(self.state_shardings)
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves), self.teacher_mc)
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
-                             self.mesh, shares_prompt(c.train.pack_share_prompt, self.mc, c.train.pack_length)
-                             ) if c.train.pack_length > 0 else None
+                             self.mesh, shares_prompt(c.train.pack_share_prompt, self.mc, c.train.pack_length),
+                             c.train.max_tokens_per_microbatch) if c.train.pack_length > 0 else None
 
     def _close_sinks(self) -> None:
         """Closes what a failed start may have opened in the workdir, before it is cleaned."""

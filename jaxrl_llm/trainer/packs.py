@@ -24,6 +24,7 @@ from jaxrl_llm import sharding
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.kernels import resolve_attention
 from jaxrl_llm.models.packing import pack_efficiency, pack_rows, plan_packs, plan_shared_packs, sequence_lengths
+from jaxrl_llm.trainer.microbatches import split_plan
 from jaxrl_llm.trainer.steps import attended
 
 
@@ -81,17 +82,23 @@ def choose_shape(used: set, r: int, multiple: int = 1, wasted: dict | None = Non
 class Packer:
     """Plans for one run: `score(b)` for the score pass, `update(pidx)` for each optimizer step.
     share_prompt: each prompt shared by its completions in a packed row (models/packing.py
-    `first_fit_shared`, train.pack_share_prompt), else a copy of it per completion."""
+    `first_fit_shared`, train.pack_share_prompt), else a copy of it per completion. microbatch_tokens
+    (train.max_tokens_per_microbatch) > 0: each pass packs all its rows at once and splits the packed rows
+    into micro-batches of that many tokens per row shard (trainer/microbatches.py), their count M bucketed
+    and reused as R is (`choose_shape`)."""
 
     def __init__(self, pack_length: int, group_size: int, score_chunks: int, grad_accum: int, mesh,
-                 share_prompt: bool = True):
+                 share_prompt: bool = True, microbatch_tokens: int = 0):
         self.pack_length, self.group_size, self.share_prompt = pack_length, group_size, share_prompt
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
         self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
+        # packed rows per token-budget micro-batch: microbatch_tokens // pack_length on each row shard
+        self.rows_per_micro = self.multiple * (microbatch_tokens // pack_length)
         self.lengths_fn = jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))
         self.lengths = self.prompt_lengths = None
-        self.shapes: dict[str, set] = {"score": set(), "update": set()}  # the R each pass has run
-        self.wasted: dict[str, dict] = {"score": {}, "update": {}}  # choose_shape's reuse, per need
+        # the R (by a token budget: the micro-batch counts M) each pass has run, and choose_shape's reuse
+        self.shapes: dict[str, set] = {"score": set(), "update": set()}
+        self.wasted: dict[str, dict] = {"score": {}, "update": {}}
         self.efficiency: list[float] = []
 
     def _plan(self, kind: str, prompt_groups: np.ndarray) -> dict:
@@ -102,6 +109,8 @@ class Packer:
                                      self.multiple)
         else:
             plan = plan_packs(self.lengths[rows], self.pack_length, self.multiple)
+        if self.rows_per_micro:
+            return self._split(kind, plan)
         r = choose_shape(self.shapes[kind], plan["slots"].shape[-1], self.multiple, self.wasted[kind])
         self.shapes[kind].add(r)
         plan["slots"] = np.pad(plan["slots"], ((0, 0), (0, r - plan["slots"].shape[-1])))  # empty rows
@@ -112,17 +121,31 @@ class Packer:
         self.efficiency.append(pack_efficiency(plan, self.pack_length))
         return plan
 
+    def _split(self, kind: str, plan: dict) -> dict:
+        """A token budget: the one plan of all the pass's rows (leading axis 1) as M micro-batches of
+        `rows_per_micro` packed rows (microbatches.split_plan)."""
+        used = int(np.sum(plan["slots"] > 0))
+        need = pack_rows(-(-used // self.rows_per_micro), 1, cap=2 ** 62)
+        micro = choose_shape(self.shapes[kind], need, 1, self.wasted[kind])
+        self.shapes[kind].add(micro)
+        plan = split_plan(jax.tree_util.tree_map(lambda x: x[0], plan), self.rows_per_micro, micro)
+        plan["predict"] = np.zeros((micro, self.rows_per_micro * self.pack_length), np.int32)
+        self.efficiency.append(pack_efficiency(plan, self.pack_length))
+        return plan
+
     def score(self, b) -> dict:
         """The score chunks' plans (leading axis k); reads the batch's lengths for the step's updates."""
         self.lengths, self.prompt_lengths = map(np.asarray, self.lengths_fn(b["prompt_mask"], attended(b),
                                                                               b["loss_mask"]))
         self.efficiency = []
         n_prompts = b["prompt_tokens"].shape[0]
-        return self._plan("score", np.arange(n_prompts).reshape(-1, self.score_chunks).T)
+        chunks = 1 if self.rows_per_micro else self.score_chunks  # a token budget: all rows, then split
+        return self._plan("score", np.arange(n_prompts).reshape(-1, chunks).T)
 
     def update(self, pidx) -> dict:
-        """The plans of the grad_accum micro-batches of the prompts `pidx` (after `score` of this batch)."""
-        return self._plan("update", np.asarray(pidx).reshape(self.grad_accum, -1))
+        """The plans of the micro-batches of the prompts `pidx` (after `score` of this batch): grad_accum
+        groups of prompts, or by a token budget all the rows, split."""
+        return self._plan("update", np.asarray(pidx).reshape(1 if self.rows_per_micro else self.grad_accum, -1))
 
     def metrics(self) -> dict[str, float]:
         """`train/pack_efficiency`: real tokens / packed slots over the step's passes."""

@@ -82,6 +82,7 @@ class UpdatePlan:
     optimizer: OptimizerSpec
     value_optimizer: OptimizerSpec
     pack_length: int = 0  # tokens per packed row of the score and update passes; 0 = unpacked
+    microbatch_tokens: int = 0  # >0: micro-batches of rows by this many tokens per row shard (microbatches.py)
 
     @classmethod
     def from_config(cls, c) -> UpdatePlan:
@@ -93,7 +94,7 @@ class UpdatePlan:
                    recompute_logprobs=c.rollout.recompute_logprobs, ref_mix_alpha=c.ref.mix_alpha,
                    optimizer=OptimizerSpec.from_config(c.optimizer, c.optimizer.learning_rate, length),
                    value_optimizer=OptimizerSpec.from_config(c.optimizer, c.value.learning_rate, length),
-                   pack_length=c.train.pack_length)
+                   pack_length=c.train.pack_length, microbatch_tokens=c.train.max_tokens_per_microbatch)
 
     @property
     def score_chunks(self) -> int:

@@ -35,6 +35,7 @@ from jaxrl_llm.models.packing import (completion_extent, lm_head_rows, pack_layo
 from jaxrl_llm.models.skip import skip_columns
 from jaxrl_llm.rl import Objective, generalized_jsd
 from jaxrl_llm.rl.objective import explained_variance
+from jaxrl_llm.trainer.microbatches import only_present, row_batch, rows_per_micro, score_by_tokens, strided_rows
 from jaxrl_llm.trainer.state import UpdatePlan
 from jaxrl_llm.trainer.teacher import shared_vocab
 
@@ -158,7 +159,8 @@ def gkd_divergence(mc: ModelConfig, tmc: ModelConfig, objective: Objective, poli
     return (logp, ent, div, stats) if router_stats else (logp, ent, div)
 
 
-def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None):
+def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: ModelConfig | None = None,
+               row_shards: int = 1):
     def score_chunk(state, ref_params, b, pack, base, teacher):
         out, packing = {}, {"pack": pack, "pack_length": plan.pack_length}
         if objective.uses_ref:
@@ -180,7 +182,11 @@ def make_score(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tmc: Mod
     def score(state, ref_params, b, pack=None, base=None, teacher=None):
         """Each output (N,T), computed `plan.score_chunks` groups of prompts at a time. Chunk j holds
         prompts j, j+k, j+2k.. (k chunks): strided, so every data shard contributes to every chunk.
-        `pack`: None, or the chunks' packing plans (leading axis k; trainer/packs.py)."""
+        `pack`: None, or the chunks' packing plans (leading axis k; trainer/packs.py). With a token budget
+        (plan.microbatch_tokens), chunks of rows by tokens instead (`score_by_tokens`)."""
+        if plan.microbatch_tokens:
+            return score_by_tokens(lambda sub, pk: score_chunk(state, ref_params, sub, pk, base, teacher), plan,
+                                   row_shards, b, pack)
         k, G = plan.score_chunks, plan.group_size
         if k == 1:
             return score_chunk(state, ref_params, b, None if pack is None else jax.tree_util.tree_map(lambda x: x[0], pack),
@@ -219,30 +225,47 @@ def micro_batch_loss(objective: Objective, plan: UpdatePlan, mc: ModelConfig, tm
     return loss, aux
 
 
+def micro_inputs(plan: UpdatePlan, b, mb, pidx, pack, row_shards: int):
+    """(xs, select): the micro-batches of the minibatch `mb` (the prompts `pidx` of `b`) as arrays with a
+    leading micro-batch axis, and select(x) -> (its batch, its packing plan or None, its LoRA dropout
+    index). grad_accum: whole groups of prompts; a token budget: rows (trainer/microbatches.py)."""
+    G = plan.group_size
+    if not plan.microbatch_tokens:
+        return (pidx.reshape(plan.grad_accum, -1), pack), lambda x: (minibatch(b, x[0], G), x[1], x[0][0])
+    if pack is not None:  # the plans' rows index the minibatch's; a row is in the micro-batch that packed it
+        index = jnp.arange(pack["row"].shape[0])
+        return (pack, index), lambda x: (only_present(mb, x[0]["row"] >= 0), x[0], x[1])
+    n = mb["tokens"].shape[0]
+    r = rows_per_micro(plan.microbatch_tokens, mb["prompt_tokens"].shape[1] + mb["tokens"].shape[1], row_shards, n)
+    idx, present = strided_rows(n, r)
+    xs = (jnp.asarray(idx), jnp.asarray(present), jnp.arange(len(idx)))
+    return xs, lambda x: (row_batch(mb, x[0], x[1], G), None, x[2])
+
+
 def accumulate(objective: Objective, plan: UpdatePlan, mc: ModelConfig, loss_fn, train_policy: bool, state, b, pidx,
-               pack, base, teacher):
-    """((loss, gradients, summed metrics), extremes (grad_accum,) each, empty) of the prompts `pidx`:
-    `loss_fn` (`micro_batch_loss`'s arguments from params on) over `grad_accum` micro-batches, each
-    normalized by the whole minibatch's denominators, so that the sums are the minibatch's; `empty` when
-    the minibatch has no loss token. `pack`: None, or the micro-batches' packing plans (leading axis
-    grad_accum)."""
+               pack, base, teacher, row_shards: int = 1):
+    """((loss, gradients, summed metrics), extremes (M,) each, empty) of the prompts `pidx`: `loss_fn`
+    (`micro_batch_loss`'s arguments from params on) over M micro-batches (`micro_inputs`: grad_accum, or a
+    token budget), each normalized by the whole minibatch's denominators, so that the sums are the
+    minibatch's; `empty` when the minibatch has no loss token. `pack`: None, or the micro-batches' packing
+    plans (leading axis M)."""
     mb = minibatch(b, pidx, plan.group_size)
     den = objective.denominators(mb)
     # Value pretraining differentiates the value parameters alone: the policy's backward is skipped.
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1) if train_policy else (1,), has_aux=True)
+    micro, select = micro_inputs(plan, b, mb, pidx, pack, row_shards)
 
     def one(xs):
-        p, pk = xs
-        # LoRA dropout: a key per micro-batch (its first prompt) and optimizer step; None when off.
-        key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), p[0]) if mc.lora_dropout else None
-        (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value,
-                                     minibatch(b, p, plan.group_size), den, pk, base, teacher, key)
+        sub, pk, index = select(xs)
+        # LoRA dropout: a key per micro-batch (its first prompt, or its index) and optimizer step; None when off.
+        key = jax.random.fold_in(jax.random.fold_in(state.rng, state.opt_step), index) if mc.lora_dropout else None
+        (loss, aux), grads = grad_fn(state.params, state.value_params, state.kl.value, sub, den, pk, base, teacher,
+                                     key)
         summed = {k: v for k, v in aux.items() if k not in _EXTREMES}
         return (loss, grads, summed), {k: aux[k] for k in _EXTREMES if k in aux}
 
-    micro = (pidx.reshape(plan.grad_accum, -1), pack)
     acc, extremes = one(jax.tree_util.tree_map(lambda x: x[0], micro))
-    if plan.grad_accum > 1:
+    if jax.tree_util.tree_leaves(micro)[0].shape[0] > 1:
         def body(acc, xs):
             out, ext = one(xs)
             return jax.tree_util.tree_map(jnp.add, acc, out), ext
@@ -291,7 +314,7 @@ def step_metrics(aux: dict, extremes: dict, gnorm, finite, empty, lr, nonfinite)
 
 
 def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_policy: bool = True,
-                tmc: ModelConfig | None = None):
+                tmc: ModelConfig | None = None, row_shards: int = 1):
     """The update step; with train_policy=False the policy (and its optimizer and schedule) stays as is
     and only the value model learns (VAPO's value pretraining)."""
     router = objective.uses_router and train_policy  # MoE router losses (rl/router.py)
@@ -309,7 +332,7 @@ def make_update(objective: Objective, plan: UpdatePlan, mc: ModelConfig, train_p
         would move AdamW's moments and weight decay, so nothing changes and nothing is counted).
         `pack`: None (unpacked), or the packing plans of its micro-batches (trainer/packs.py)."""
         (loss, grads, aux), extremes, empty = accumulate(objective, plan, mc, loss_fn, train_policy, state, b, pidx,
-                                                         pack, base, teacher)
+                                                         pack, base, teacher, row_shards)
         (g, vg) = grads if train_policy else (None, grads[0])
         gnorm = optax.global_norm(g) if train_policy else jnp.float32(0.0)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
@@ -335,11 +358,12 @@ def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh
     """Cached on its (hashable) arguments, so a resumed or repeated run in the same process reuses the
     compiled programs."""
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
-    alpha = plan.ref_mix_alpha
-    jit_update = lambda train_policy: jit(make_update(objective, plan, mc, train_policy, tmc), donate_argnums=(0,),
-                                          out_shardings=(state_shardings, sharding.replicated(mesh)))
+    alpha, shards = plan.ref_mix_alpha, sharding.batch_divisor(mesh)
+    out_shardings = (state_shardings, sharding.replicated(mesh))
+    jit_update = lambda train_policy: jit(make_update(objective, plan, mc, train_policy, tmc, shards),
+                                          donate_argnums=(0,), out_shardings=out_shardings)
     return StepFunctions(
-        score=jit(make_score(objective, plan, mc, tmc)), prepare=jit(objective.prepare),
+        score=jit(make_score(objective, plan, mc, tmc, shards)), prepare=jit(objective.prepare),
         update=jit_update(True), update_value=jit_update(False) if objective.value else None,
         refresh_ref=jit(lambda ref, p: jax.tree_util.tree_map(lambda r, q: (1 - alpha) * r + alpha * q, ref, p),
                         donate_argnums=(0,)))

@@ -61,8 +61,14 @@ def get_config(arg=None):
     # something holds its entropy up: every algorithm here keeps a small KL to the (random) initial
     # policy, which for a near-uniform reference acts as an entropy regularizer.
     c.kl.coef = 0.02
-    if algo == "dr_grpo":
-        c.kl.coef = 0.005  # its advantages are not divided by the group std: ~5x smaller than GRPO's
+    if algo in ("dr_grpo", "rloo"):
+        c.kl.coef = 0.005  # their advantages are not divided by the group std: ~5x smaller than GRPO's
+    if algo == "rloo":
+        # RLOO as its paper writes it: each completion one action, its token terms summed (here over the
+        # fixed N·L, Dr. GRPO's normaliser), not the preset's token mean, with which it stalled on a
+        # deterministic policy (bar 0.50; seeds 0-3 at kl 0.02: 0.46-0.54; seeds 0, 1, 3 at 0.005:
+        # 0.49-0.53). Its advantage being G/(G-1) times Dr. GRPO's, this is Dr. GRPO's run up to that factor.
+        c.loss.aggregate = "seq-mean-token-sum-norm"
     # (an unknown algo reaches prepare's one-line error; DAPO keeps k3: below)
     if algo in ALGOS and algo != "dapo" and preset_defaults(algo, 0)["kl.placement"] == "loss":
         # k3+ (k3's value, k2's gradient), not k3: differentiated in the loss, k3's gradient is that of the
@@ -86,6 +92,14 @@ def get_config(arg=None):
 
     c.checkpoint.every_steps = 100
     c.log.samples_every = 20
+    if algo == "reinforce_pp":
+        # Its baseline form: each score minus its group's mean, then REINFORCE++'s whitening over the batch.
+        # The plain form's baseline is the batch mean alone: over 16 prompts of four difficulty levels it
+        # credits an easy prompt's completions and blames a hard one's whatever they did. Its seeds 0-3 ended
+        # at 0.32-0.50 (bar 0.50); 64 prompts of 4 samples each did not fix it (five runs: 0.35-0.58). The KL
+        # is the preset's, k1 in the token rewards at 0.01 (at 0.02 the entropy stayed near 2).
+        c.advantage.reinforce_pp_baseline = True
+        c.kl.coef = 0.01
     if algo == "ppo":
         c.rollout.group_size = 4  # PPO's baseline is the value model; G only sets prompt diversity
         c.rollout.batch_prompts = 64

@@ -21,11 +21,11 @@ def test_pytest_tests_take_the_checker_path():
 def test_100000_proxy_calls_of_a_correct_solution_finish_within_the_default_timeout():
     require_bwrap()
     tests = "for i in range(100000):\n    assert f(i) == i + 1\n"
-    correct, wrong = "def f(x):\n    return x + 1\n", "def f(x):\n    return x + 1 if x < 99999 else x\n"
-    right, off = run_code_tests([correct, wrong], [tests, tests], max_workers=2)
+    correct, wrong = "def f(x):\n    return x + 1\n", "def f(x):\n    return x + 2\n"
+    right, off = run_code_tests([correct, wrong], [tests, tests], max_workers=2)  # the default timeout
     assert DEFAULT_TIMEOUT == 10.0
     assert (right.status, right.score) == ("passed", 1.0), right
-    assert (off.status, off.score) == ("failed", 0.0), off  # wrong only at the last call: all 100,000 ran
+    assert (off.status, off.score) == ("failed", 0.0), off
     assert "assert f(i) == i + 1" in off.reason
 
 

@@ -49,7 +49,8 @@ def dump(value):
     return "{" + ",".join(dump(k) + ":" + dump(v) for k, v in value.items()) + "}"
 
 def read_message(fd):
-    # One request: a 4-byte length, then a marshal dump. marshal is safe here: only the judge writes it.
+    # One request: a 4-byte length, then a marshal dump. marshal is safe here: only the judge, then
+    # its checker process (both trusted), write it.
     header = read_exact(fd, 4)
     return None if header is None else marshal.loads(read_exact(fd, int.from_bytes(header, "little")))
 

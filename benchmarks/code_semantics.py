@@ -2,6 +2,7 @@
 solution (must score 0) beside an honest one (must score 1.0) on the same tests, in one batch.
 
     python benchmarks/code_semantics.py          # prints: item, wrong score, honest score, statuses
+    python benchmarks/code_semantics.py --calls  # the cost of one proxy call (checker -> sandbox)
 
 tests/test_rewards_code_forms.py runs the same table. Run it against another tree with
 PYTHONPATH=<tree> to compare (the note of issue 60 has the before/after table).
@@ -71,9 +72,35 @@ def run(max_workers: int = 2) -> dict[str, tuple[float, float, str, str]]:
             for i, n in enumerate(names)}  # fmt: skip
 
 
+def per_call_ms(calls: int = 20_000, repeats: int = 3) -> tuple[float, float]:
+    """(ms per proxy call, seconds for `calls` calls): the best of `repeats` runs of a test making
+    `calls` calls of a trivial solution, less the best run making one call (start-up, load)."""
+    from jaxrl_llm.rewards.code import run_sandboxed
+
+    solution = "def f(x):\n    return x + 1\n"
+
+    def best(n: int) -> float:
+        tests = f"for i in range({n}):\n    assert f(i) == i + 1\n"
+        results = [run_sandboxed(solution, tests, timeout=600) for _ in range(repeats)]
+        if any(r.score != 1.0 for r in results):
+            raise RuntimeError(f"the trivial solution did not pass: {results}")
+        return min(r.duration_s for r in results)
+
+    many, one = best(calls), best(1)
+    return 1000 * (many - one) / (calls - 1), many
+
+
 def main() -> None:
     if not os.environ.get("PYTHONPATH"):  # PYTHONPATH=<tree> judges with that tree
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if "--calls" in sys.argv:
+        from jaxrl_llm.rewards.code import sandbox_layers
+
+        ms, seconds = per_call_ms()
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        print(f"layers: {', '.join(sandbox_layers())}; {load}")
+        print(f"{ms:.4f} ms per proxy call ({seconds:.2f} s for 20,000 calls, start-up included)")
+        return
     for name, (wrong, honest, ws, hs) in run().items():
         print(f"{name:<40} wrong {wrong:.2f} ({ws})  honest {honest:.2f} ({hs})")
 

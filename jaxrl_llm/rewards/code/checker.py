@@ -1,19 +1,27 @@
 """The checker process: runs a row's test code (trusted) outside the trainer and outside the sandbox.
 
-`python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`, started by the judge for rows whose tests are
+`python -I -S -B -c SOURCE REQUEST_FD REPLY_FD CALLS_FD ANSWERS_FD`, started by the judge for rows whose tests are
 Python beyond the simple assert forms (`script`). It reads one JSON config line (the units, the
 free names that are stdlib modules, the decoding budget, the tolerance, its own rlimits), then one
 line of the solution's top-level names once it has loaded (each becomes a proxy, over the builtins
 and as `solution.<name>`), then runs the units in order in one namespace (`testforms` runs the
-pytest and unittest tests). A proxy call writes `{"call": [name, args, kwargs]}` (wire form,
-`values.encode`) and reads back one line: the sandbox's own reply, relayed unchanged by the judge,
-which this process decodes under the budget (`values.read_reply`, `values.decode`) into values of
-builtin types, writing back the arguments the solution changed in place. After each unit it writes
-`{"case": k, "ok": bool, "why": "...", "calls": n}` (`script.Units` counts the cases).
+pytest and unittest tests). A proxy call goes straight to the sandbox over a pipe pair the judge
+made before starting either process (`Pipes`; the runner takes it over once it is ready): the
+request as the runner reads it from the judge (`{"i": k, "wire": [name, args, kwargs]}` in wire
+form, `values.encode`, kwargs None when empty; a 4-byte length and marshal), and back one reply
+line, read here under the judge's budget (at most `budget.bytes`, each byte scanned once) and
+decoded under it (`values.read_reply`, `values.decode`) into values of builtin types, writing back
+the arguments the solution changed in place. To the judge it writes, after each unit, `{"case": k,
+"ok": bool, "why": "...", "calls": n}` (`script.Units` counts the cases); each refusal the sandbox
+reports, `{"blocked": text}`; a solution's MemoryError or file-size error, `{"error": text}` (for
+the status); and whatever ends the exchange, `{"end": "gone" | "oversized" | "forged" |
+"protocol", "why": text}`, after which it exits at once (`os._exit`: the test code cannot catch it).
 
 The solution never sees the test code or anything the test code computes, only the arguments of
 its own calls; what comes back is data of builtin types (no pickle, no object), so a reply cannot
-forge a pass: the verdict is the test code's own. The judge kills this process at the row's deadline.
+forge a pass: the verdict is the test code's own. The judge keeps the deadline: it waits on this
+process (draining the sandbox's stdout and stderr meanwhile) and kills both process groups at the
+row's deadline.
 """
 
 from __future__ import annotations
@@ -27,12 +35,12 @@ import signal
 import subprocess
 import time
 
-from jaxrl_llm.rewards.code import launch, script, testforms, values
+from jaxrl_llm.rewards.code import audit, launch, script, testforms, values
 
 MEMORY_MB = 1024  # RLIMIT_AS of the checker: test code and decoded replies (each within the budget)
 
 _MAIN = r'''
-import builtins, os, resource, sys
+import builtins, marshal, os, resource, sys
 
 # Exceptions that steer the test code's control flow (end a loop, a map or the program): raised by
 # the solution they fail the case, whatever the test code does with them.
@@ -61,6 +69,68 @@ def exit_program(code=None):
     raise SystemExit(code)  # exit() / quit(), as the site module (-S: not loaded) would define them
 
 
+class Sandbox:
+    # The sandbox's own pipe pair (the judge made it): requests as the runner reads them (a 4-byte
+    # length, marshal), reply lines read under the judge's budget: at most `budget.bytes` a line,
+    # each byte scanned once. What ends the exchange (the sandbox gone; a reply too long, unreadable
+    # or out of order; more refusals than the audit hook sends) is told to the judge and ends this
+    # process at once, where the test code cannot catch it.
+
+    def __init__(self, calls_fd, answers_fd, budget, max_reports, send):
+        self.calls_fd, self.answers_fd, self.budget = calls_fd, answers_fd, budget
+        self.max_reports, self.send = max_reports, send
+        self.buffer, self.scanned, self.index, self.refusals = bytearray(), 0, 0, 0
+
+    def call(self, name, args, kwargs):
+        data = marshal.dumps({"i": self.index, "wire": (name, args, kwargs)})
+        data = memoryview(len(data).to_bytes(4, "little") + data)
+        try:
+            while data:
+                data = data[os.write(self.calls_fd, data):]
+        except OSError:
+            self.end("gone")
+        while True:
+            try:
+                record = read_reply(self.line(), self.budget)
+            except (ValueError, UnicodeDecodeError, RecursionError) as error:
+                self.end("protocol", "unreadable reply (%s: %s)" % (type(error).__name__, str(error)[:80]))
+            if "blocked" not in record:
+                break
+            self.refusals += 1
+            self.send({"blocked": str(record["blocked"])[:300]})
+            if self.refusals > self.max_reports:
+                self.end("forged")
+        if type(record.get("i")) is not int or record["i"] != self.index:
+            self.end("protocol", "reply for call %.80r when call %d was made" % (record.get("i"), self.index))
+        self.index += 1
+        return record
+
+    def line(self):
+        while True:
+            newline = self.buffer.find(b"\n", self.scanned)
+            if newline >= 0:
+                line = bytes(self.buffer[:newline])
+                del self.buffer[:newline + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buffer)  # search only new bytes next time: linear in the line
+            if len(self.buffer) > self.budget.bytes:
+                self.end("oversized")
+            try:
+                chunk = os.read(self.answers_fd, min(1 << 16, self.budget.bytes + 1 - len(self.buffer)))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.end("gone")
+            self.buffer += chunk
+
+    def end(self, why, text=""):
+        try:
+            self.send({"end": why, "why": text[:200]})
+        finally:
+            os._exit(0)
+
+
 def main():
     reader = os.fdopen(int(sys.argv[1]), "rb")
     reply_fd = int(sys.argv[2])
@@ -76,16 +146,15 @@ def main():
     budget = Budget(**cfg["budget"])
     tolerance = cfg["tolerance"] or 0.0
     state = {"calls": 0, "steered": ""}
+    sandbox = Sandbox(int(sys.argv[3]), int(sys.argv[4]), budget, cfg["max_reports"], send)
 
     def call(name, args, kwargs):
         state["calls"] += 1
-        send({"call": [name, encode(list(args)), encode(kwargs)]})
-        line = reader.readline()
-        if not line:
-            raise SystemExit("the judge is gone")
-        record = read_reply(line.rstrip(b"\n"), budget)
+        record = sandbox.call(name, encode(list(args)), encode(kwargs) if kwargs else None)
         if "error" in record:
             error = str(record["error"])
+            if error.startswith("MemoryError") or "[Errno 27]" in error:
+                send({"error": error[:300]})  # a limit the status names
             if error.partition(":")[0] in STEERING:
                 state["steered"] = state["steered"] or error[:200]
             raise raised(error)
@@ -188,27 +257,62 @@ main()
 SOURCE = inspect.getsource(values) + testforms.SOURCE + _MAIN
 
 
+class Pipes:
+    """The pipe pair between a checker and its sandbox, made by the judge before either starts:
+    calls (checker -> sandbox) and answers (sandbox -> checker). Each process gets its two ends
+    (`sandbox`, `checker`); the judge closes its own copies once it has started them (`close`)."""
+
+    def __init__(self):
+        self.calls = os.pipe()
+        try:
+            self.answers = os.pipe()
+        except BaseException:
+            os.close(self.calls[0])
+            os.close(self.calls[1])
+            raise
+        self._open = {*self.calls, *self.answers}
+
+    @property
+    def sandbox(self) -> tuple[int, int]:
+        return self.calls[0], self.answers[1]
+
+    @property
+    def checker(self) -> tuple[int, int]:
+        return self.calls[1], self.answers[0]
+
+    def close(self, ends=None) -> None:
+        """Closes `ends` (all four if None), each once."""
+        for fd in [*self.sandbox, *self.checker] if ends is None else ends:
+            if fd in self._open:
+                self._open.discard(fd)
+                os.close(fd)
+
+
 class Checker:
     """A started checker process: `receive()` one message (a dict; None at EOF, past the deadline
-    or for a malformed or over-long line), `relay(line)` one sandbox reply, `close()`."""
+    or for a malformed or over-long line), `relay(line)` one line to it, `close()`. `pipes`: its
+    pipe pair to the sandbox (`Pipes`); `wait(fd, events)`: the judge's wait (`Session.wait`: the
+    deadline, the sandbox's output drained meanwhile)."""
 
-    def __init__(self, units, modules, *, budget: values.Budget, tolerance, deadline: float, max_line: int):
-        self.deadline = deadline
-        self.timed_out = False
+    def __init__(self, units, modules, *, budget: values.Budget, tolerance, deadline: float, max_line: int,
+                 pipes: Pipes, wait):  # fmt: skip
         self.max_line = max_line
+        self._wait_for = wait
         self._buffer = bytearray()
         self._scanned = 0
         cpu = math.ceil(max(1.0, deadline - time.monotonic())) + 1
         limits = [("RLIMIT_AS", MEMORY_MB << 20, MEMORY_MB << 20), ("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_CORE", 0, 0)]
         config = {"units": units, "modules": modules, "same": script.SAME, "run_function": script.RUN_FUNCTION,
                   "run_method": script.RUN_METHOD, "tolerance": tolerance, "rlimits": limits,
+                  "max_reports": audit.MAX_REPORTS,
                   "budget": {"bytes": budget.bytes, "elements": budget.elements, "digits": budget.digits}}  # fmt: skip
         request_r, self._request_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
+        fds = (request_r, reply_w, *pipes.checker)
         try:
-            self.proc = subprocess.Popen([launch._PYTHON, "-I", "-S", "-B", "-c", SOURCE, str(request_r), str(reply_w)],
+            self.proc = subprocess.Popen([launch._PYTHON, "-I", "-S", "-B", "-c", SOURCE, *map(str, fds)],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         pass_fds=(request_r, reply_w), start_new_session=True, cwd="/",
+                                         pass_fds=fds, start_new_session=True, cwd="/",
                                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})  # fmt: skip
         except BaseException:
             for fd in (self._request_w, self._reply_r):
@@ -217,21 +321,14 @@ class Checker:
         finally:
             os.close(request_r)
             os.close(reply_w)
+            pipes.close(pipes.checker)
         os.set_blocking(self._reply_r, False)
         os.set_blocking(self._request_w, False)
         self.relay(json.dumps(config).encode())
 
     def _wait(self, fd: int, event: int) -> bool:
-        """True once `fd` is ready for `event`, False past the deadline (sets `timed_out`)."""
-        poller = select.poll()
-        poller.register(fd, event | select.POLLHUP | select.POLLERR)
-        while True:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                self.timed_out = True
-                return False
-            if poller.poll(remaining * 1000):
-                return True
+        """True once `fd` is ready for `event` (or hung up), False past the deadline or the output cap."""
+        return self._wait_for(fd, event | select.POLLHUP | select.POLLERR)
 
     def relay(self, line: bytes) -> bool:
         """Writes one line to the checker; False if it is gone or past the deadline."""

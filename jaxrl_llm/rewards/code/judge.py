@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from jaxrl_llm.rewards.code import checker, launch, script, values
+from jaxrl_llm.rewards.code import audit, checker, launch, script, values
 from jaxrl_llm.rewards.code.cases import Case
 from jaxrl_llm.rewards.code.session import Session
 
@@ -88,16 +88,26 @@ def judge(code: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT,
     cases = list(cases) or [Case("stdio", "", None, counted=False)]
     start = time.monotonic()
     budget = _budget(cases, file_size_mb)
-    session = Session(code, backend=backend, load_module=any(c.kind != "stdio" for c in cases), timeout=timeout,
-                      memory_mb=memory_mb, cpu_time=cpu_time and math.ceil(cpu_time), file_size_mb=file_size_mb,
-                      disk_mb=disk_mb, audit_on=audit, max_reply=budget.bytes)  # fmt: skip
+    pipes = checker.Pipes() if cases[0].kind == "script" else None  # the checker's calls go straight to the sandbox
+    try:
+        session = Session(code, backend=backend, load_module=any(c.kind != "stdio" for c in cases), timeout=timeout,
+                          memory_mb=memory_mb, cpu_time=cpu_time and math.ceil(cpu_time), file_size_mb=file_size_mb,
+                          disk_mb=disk_mb, audit_on=audit, max_reply=budget.bytes,
+                          direct=pipes.sandbox if pipes else ())  # fmt: skip
+    except BaseException:
+        if pipes:
+            pipes.close()
+        raise
     tally = _Tally(total=sum(c.counted for c in cases), cases=len(cases))
     try:
-        if cases[0].kind == "script":
-            _exchange_script(session, cases, tally, budget, float_tolerance, max_line=(file_size_mb + 1) << 20)
+        if pipes:
+            pipes.close(pipes.sandbox)
+            _exchange_script(session, cases, tally, budget, float_tolerance, (file_size_mb + 1) << 20, pipes)
         else:
             _exchange(session, cases, tally, budget, float_tolerance)
     finally:
+        if pipes:
+            pipes.close()
         returncode, stdout, stderr = session.close()
     if backend == "bwrap" and returncode is not None and returncode > 128:
         returncode = 128 - returncode  # bwrap reports the runner's death by signal N as 128 + N
@@ -180,28 +190,31 @@ def _exchange(session: Session, cases: list[Case], tally: _Tally, budget: values
 
 
 def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget: values.Budget, float_tolerance,
-                     max_line: int) -> None:  # fmt: skip
-    """Runs the row's test code in a checker process (`checker`), relaying each proxy call to the
-    sandbox and the sandbox's reply line back; the checker reports each unit's verdict in order
-    (`script.Units` counts the cases among them)."""
+                     max_line: int, pipes: checker.Pipes) -> None:  # fmt: skip
+    """Runs the row's test code in a checker process (`checker`) whose proxy calls go straight to the
+    sandbox over `pipes`; the judge relays the solution's names, keeps the deadline (draining the
+    sandbox's output meanwhile) and reads the checker's messages: each unit's verdict in order
+    (`script.Units` counts the cases among them), the sandbox's refusals, and what ended the exchange."""
     units = [(case.payload[0], case.payload[2]) for case in cases]
     tests = checker.Checker(units, list(cases[0].payload[1]), budget=budget, tolerance=float_tolerance,
-                            deadline=session.deadline, max_line=max_line)  # fmt: skip
+                            deadline=session.deadline, max_line=max_line, pipes=pipes, wait=session.wait)  # fmt: skip
     counter = script.Units(cases, tally)
     try:
         names = ready(session, tally, budget)
         if names is None or not tests.relay(json.dumps(names).encode()):
             return
-        calls = 0
-        while tally.answered < len(cases):
+        while tally.answered < len(cases) and session.blocked.total <= audit.MAX_REPORTS:
             message = tests.receive()
             if message is None:
                 tally.protocol = tally.protocol or "the checker process ended before every test ran"
                 break
-            if "call" in message:
-                if not _relay_call(session, tests, tally, budget, message, calls):
-                    break
-                calls += 1
+            if "blocked" in message:
+                session.blocked.append(str(message["blocked"])[:300])
+            elif "error" in message:
+                note_error(message, tally)
+            elif "end" in message:
+                _ended(session, tally, message)
+                break
             elif message.get("case") == tally.answered:
                 counter.add(message)
             else:
@@ -210,28 +223,15 @@ def _exchange_script(session: Session, cases: list[Case], tally: _Tally, budget:
     finally:
         counter.finish()
         tests.close()
-        session.timed_out |= tests.timed_out
 
 
-def _relay_call(session: Session, tests, tally: _Tally, budget: values.Budget, message: dict, index: int) -> bool:
-    """One proxy call of the checker sent to the sandbox, its reply relayed back: False on failure."""
-    try:
-        name, args, kwargs = message["call"]
-        values.decode(args), values.decode(kwargs)  # well formed; sent as they are (marshal takes wire form)
-        request = {"i": index, "wire": (str(name), args, kwargs)}
-    except (ValueError, TypeError, RecursionError):
-        tally.protocol = "the checker process sent a malformed call"
-        return False
-    if not session.send(request):
-        return False
-    record, line = next_record(session, tally, budget)
-    if record is None:
-        return False
-    if type(record.get("i")) is not int or record["i"] != index:
-        tally.protocol = f"reply for call {record.get('i')!r} when call {index} was made"
-        return False
-    note_error(record, tally)
-    return tests.relay(line)
+def _ended(session: Session, tally: _Tally, message: dict) -> None:
+    """What ended the checker's exchange with the sandbox: the sandbox gone (its exit status says
+    why), a reply over the budget, too many refusals (counted already), a broken protocol."""
+    if message["end"] == "oversized":
+        session.oversized = True
+    elif message["end"] == "protocol":
+        tally.protocol = str(message.get("why", "a broken protocol"))[:300]
 
 
 def ready(session: Session, tally: _Tally, budget: values.Budget) -> list[str] | None:

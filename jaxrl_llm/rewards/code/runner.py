@@ -1,4 +1,4 @@
-"""The program that runs inside the sandbox: `python -I -S -B -c SOURCE REQUEST_FD REPLY_FD`.
+"""The program that runs inside the sandbox: `python -I -S -B -c SOURCE REQUEST_FD REPLY_FD [CALLS_FD ANSWERS_FD]`.
 
 It is trusted only until the solution starts. Before that it reads its configuration (the first
 message on the request pipe), applies the rlimits, drops to the sandbox's own uid when started as root
@@ -7,11 +7,15 @@ and installs the audit hook. Then it answers one request at a time (a 4-byte len
 
   {"i": k, "call": (name, args, kwargs)} -> {"i": k, "value": <values.encode(result)>}
   {"i": k, "wire": (name, args, kwargs)} -> the same, the arguments in wire form (a checker's proxy
-                                            call), plus "changed": the arguments changed in place
+                                            call; kwargs None: none), plus "changed": the arguments
+                                            changed in place
   {"i": k, "stdin": text}                -> {"i": k, "stdout": text}   (program re-run, fresh globals)
   any failure                            -> {"i": k, "error": "TypeName: first line"}
 
-and `{"blocked": "..."}` whenever the audit hook refuses something. Requests carry inputs only: the
+and `{"blocked": "..."}` whenever the audit hook refuses something. With CALLS_FD and ANSWERS_FD
+(test code run by a checker process, `checker`), once the ready message is sent those two pipes
+take the place of the judge's pair (dup2 onto the same numbers: every later request comes from the
+checker, every later reply line and refusal goes to it). Requests carry inputs only: the
 expected outputs never enter the sandbox, so nothing here can be forged into a pass. Its own stdout
 and stderr are pipes the judge drains (capped there); a stdin/stdout run's output goes to a file in
 the work dir (the sandbox's tmpfs), under RLIMIT_FSIZE. Python runs without `site`, so `exit` and
@@ -23,7 +27,7 @@ import inspect
 from jaxrl_llm.rewards.code import audit, values
 
 _MAIN = r'''
-import builtins, marshal, os, resource, sys
+import _thread, builtins, marshal, os, resource, sys
 
 # JSON out without the json module, whose import (re, enum, ...) would double the start-up time.
 # Only what `encode` produces reaches it: None, bool, int, finite float, str, list, str-keyed dict.
@@ -37,13 +41,16 @@ def dump(value):
     if kind is int or kind is float:
         return repr(value) if kind is float else str(value)
     if kind is str:
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            return '"' + value + '"'  # nothing to escape (str.translate costs microseconds even here)
         return '"' + value.translate(_ESCAPES) + '"'
     if kind is list:
         return "[" + ",".join(map(dump, value)) + "]"
     return "{" + ",".join(dump(k) + ":" + dump(v) for k, v in value.items()) + "}"
 
 def read_message(fd):
-    # One request: a 4-byte length, then a marshal dump. marshal is safe here: only the judge writes it.
+    # One request: a 4-byte length, then a marshal dump. marshal is safe here: only the judge, then
+    # its checker process (both trusted), write it.
     header = read_exact(fd, 4)
     return None if header is None else marshal.loads(read_exact(fd, int.from_bytes(header, "little")))
 
@@ -60,10 +67,16 @@ def read_exact(fd, size):
 def main():
     request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
 
-    def reply(record):
+    lock = _thread.allocate_lock()  # a line at a time, whichever thread the audit hook reports from
+
+    def reply(record, handover=()):
         data = (dump(record) + "\n").encode("utf-8", "replace")
-        while data:
-            data = data[os.write(reply_fd, data):]
+        with lock:
+            while data:
+                data = data[os.write(reply_fd, data):]
+            for fd, new in handover:  # under the lock: each refusal goes either before this line or after it
+                os.dup2(new, fd)
+                os.close(new)
 
     cfg = read_message(request_fd)
     work = cfg["workdir"]
@@ -98,9 +111,11 @@ def main():
         if error is not None:
             reply({"ready": False, "error": error})
             return
-    reply({"ready": True, "names": solution_names(namespace)})
+    # A checker's calls: its own pipe pair, in place of the judge's (one dup2 each), after this line.
+    handover = ((request_fd, int(sys.argv[3])), (reply_fd, int(sys.argv[4]))) if len(sys.argv) > 4 else ()
+    reply({"ready": True, "names": solution_names(namespace)}, handover)
     handlers = {"call": lambda p: call(namespace, *p), "stdin": lambda p: stdio(program, p, work, cfg),
-                "wire": lambda p: call(namespace, p[0], decode(p[1]), decode(p[2]), True)}
+                "wire": lambda p: call(namespace, p[0], decode(p[1]), {} if p[2] is None else decode(p[2]), True)}
     while True:
         request = read_message(request_fd)
         if request is None:

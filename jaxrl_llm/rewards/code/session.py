@@ -70,7 +70,8 @@ class _Stream:
 class Session:
     """A started sandbox: `send(record)` one request, `receive()` one reply line (bytes, or None at
     EOF, past the deadline, too long, past the output cap or after forged refusals), `close()` ->
-    (returncode, stdout head, stderr head).
+    (returncode, stdout head, stderr head). `direct`: the sandbox's ends of a checker's pipe pair
+    (calls, answers), which the runner uses once it has said it is ready (`runner`).
 
     What ended it, for the status: `timed_out` (the deadline passed), `oversized` (a reply line
     over `max_reply`), `output_exceeded` (stdout + stderr over `output_cap` bytes), `killed` (the
@@ -78,7 +79,7 @@ class Session:
     refusals it reported."""
 
     def __init__(self, code, *, backend, load_module, timeout, memory_mb, cpu_time, file_size_mb, disk_mb, audit_on,
-                 max_reply):  # fmt: skip
+                 max_reply, direct=()):  # fmt: skip
         self.deadline = time.monotonic() + timeout
         self.timed_out = self.oversized = self.output_exceeded = self.killed = False
         self.blocked = Refusals()
@@ -92,12 +93,12 @@ class Session:
         self._uid = launch.acquire_uid() if os.geteuid() == 0 else None
         self._root = tempfile.mkdtemp(prefix="jaxrl_sandbox_")
         try:
-            self._start(code, backend, load_module, memory_mb, self.cpu_limit, file_size_mb, disk_mb, audit_on)
+            self._start(code, backend, load_module, memory_mb, self.cpu_limit, file_size_mb, disk_mb, audit_on, direct)
         except BaseException:
             self._cleanup()
             raise
 
-    def _start(self, code, backend, load_module, memory_mb, cpu, file_size_mb, disk_mb, audit_on):
+    def _start(self, code, backend, load_module, memory_mb, cpu, file_size_mb, disk_mb, audit_on, direct):
         # Threads need RLIMIT_NPROC > 0. Only with bubblewrap, where seccomp refuses new processes
         # (each would get its own RLIMIT_AS), and a uid of its own, is it safe to allow them.
         nproc = _SANDBOX_NPROC if self._uid is not None and backend == "bwrap" else 0
@@ -130,9 +131,9 @@ class Session:
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         self._streams = [_Stream(out_r), _Stream(err_r)]
         try:
-            self.proc = subprocess.Popen([*command, runner.SOURCE, str(request_r), str(reply_w)],
+            self.proc = subprocess.Popen([*command, runner.SOURCE, str(request_r), str(reply_w), *map(str, direct)],
                                          stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
-                                         pass_fds=(request_r, reply_w, *extra), start_new_session=True)  # fmt: skip
+                                         pass_fds=(request_r, reply_w, *direct, *extra), start_new_session=True)  # fmt: skip
         finally:
             for fd in (request_r, reply_w, out_w, err_w, *extra):
                 os.close(fd)
@@ -157,6 +158,14 @@ class Session:
             self._drain(ready)
             if fd in ready:
                 return True
+        return False
+
+    def wait(self, fd: int, events: int) -> bool:
+        """Waits for another process's `fd` (the checker's) until the deadline, draining the sandbox's
+        stdout and stderr meanwhile; False past the deadline (sets `timed_out`) or the output cap."""
+        if self._wait(fd, events, self.deadline):
+            return True
+        self.timed_out = not self.output_exceeded
         return False
 
     def _drain(self, ready=None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 
 # defaultdict factories that cross by name: builtin types (a lambda cannot cross).
@@ -174,6 +175,25 @@ def count_elements(line: bytes, limit: int) -> int:
     return count
 
 
+_local = threading.local()  # a decoder per thread and digit limit: making one costs more than a short reply
+
+
+def _decoder(digits: int | None) -> json.JSONDecoder:
+    """A strict decoder: no NaN/Infinity literals; integers of at most `digits` digits (None: unchecked)."""
+    decoders = _local.__dict__.setdefault("decoders", {})
+    if digits is None and None not in decoders:
+        decoders[None] = json.JSONDecoder(parse_constant=_reject_constant)
+    if digits not in decoders:
+
+        def parse_int(text: str) -> int:
+            if len(text) > digits + 1:
+                raise ValueError(f"integer of more than {digits} digits")
+            return int(text)
+
+        decoders[digits] = json.JSONDecoder(parse_constant=_reject_constant, parse_int=parse_int)
+    return decoders[digits]
+
+
 def read_reply(line: bytes, budget: Budget) -> dict:
     """One reply line as a dict, strictly (UTF-8, standard JSON only: no NaN/Infinity literals) and
     under `budget` (see `Budget`); ValueError (or RecursionError, UnicodeDecodeError) saying what
@@ -183,12 +203,8 @@ def read_reply(line: bytes, budget: Budget) -> dict:
     if count_elements(line, budget.elements) > budget.elements:
         raise ValueError(f"reply of more than {budget.elements} elements")
 
-    def parse_int(text: str) -> int:
-        if len(text) > budget.digits + 1:
-            raise ValueError(f"integer of more than {budget.digits} digits")
-        return int(text)
-
-    record = json.loads(line.decode("utf-8"), parse_constant=_reject_constant, parse_int=parse_int)
+    # A line no longer than `digits` holds no longer integer: the decoder without a hook (faster).
+    record = _decoder(budget.digits if len(line) > budget.digits else None).decode(line.decode("utf-8"))
     if type(record) is not dict:
         raise ValueError("a reply must be a JSON object")
     return record

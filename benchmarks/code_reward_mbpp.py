@@ -21,22 +21,9 @@ import subprocess
 import sys
 import time
 
+from code_reward_humaneval import OFF_BY_ONE  # the same off-by-one wrapper of the entry point
+
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "mbpp.jsonl.gz")
-OFF_BY_ONE = '''
-_judge_original = {e}
-def {e}(*args, **kwargs):
-    return _judge_off(_judge_original(*args, **kwargs))
-def _judge_off(r):
-    if isinstance(r, bool):
-        return not r
-    if isinstance(r, (int, float)):
-        return r + 1
-    if isinstance(r, str):
-        return r + "a"
-    if isinstance(r, (list, tuple)):
-        return r[:-1] if r else type(r)([1])
-    return 1 if r is None else None
-'''
 
 
 def problems() -> list[dict]:

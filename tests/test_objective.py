@@ -204,3 +204,5 @@ def test_rloo_whitened_over_the_rows_the_loss_sees_matches_a_loop():
 def test_whiten_is_refused_where_the_estimator_ignores_it(algo):
     with pytest.raises(ValueError, match="advantage.whiten must be False with the"):
         prepared(algo, **{"advantage.whiten": True})
+    with pytest.raises(ValueError, match="ignores whiten"):
+        rl.Objective(group_size=4, estimator=prepared(algo).advantage.estimator, whiten=True)

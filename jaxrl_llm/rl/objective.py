@@ -200,6 +200,8 @@ class Objective:
                 raise ValueError(f"Objective.{field} must be one of {', '.join(allowed)}, got {value!r}")
         if ESTIMATORS[self.estimator].value and not self.value:
             raise ValueError(f"Objective: the {self.estimator} estimator needs a value model (value=True)")
+        if self.whiten and not ESTIMATORS[self.estimator].whitens:
+            raise ValueError(f"Objective: the {self.estimator} estimator ignores whiten (only gae and rloo whiten)")
 
     @classmethod
     def from_config(cls, c) -> Objective:

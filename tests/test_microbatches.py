@@ -18,6 +18,7 @@ from jaxrl_llm.trainer.steps import accumulate, make_score, micro_batch_loss
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_trainer import small_config  # noqa: E402
+from test_trainer_distill import save_teacher  # noqa: E402
 
 
 def test_strided_rows_hold_every_row_once():
@@ -52,7 +53,22 @@ CASES = {
     "ppo": ("ppo", {**PPO, "train.max_tokens_per_microbatch": 19}),
     "ppo_packed_copies": ("ppo", {**PPO, "train.max_tokens_per_microbatch": 40, "train.pack_length": 20,
                                   "train.pack_share_prompt": False}),
+    # distillation from a teacher of other weights (`teacher` below): opd reads the teacher's log-probs from
+    # the score pass (3 rows a chunk, groups split); gkd computes the divergence in the update, per packed
+    # micro-batch, normalised by the step's den["distill"]; with distill.lmbda 0.5 half the prompts are
+    # supervised rows (the answer column; 4 new tokens, so P+T = 20 and 3 rows a micro-batch), which
+    # only the divergence trains.
+    "opd": ("opd", {"train.max_tokens_per_microbatch": 57}),
+    "gkd_packed": ("gkd", {"train.max_tokens_per_microbatch": 20, "train.pack_length": 20}),
+    "gkd_supervised": ("gkd", {"train.max_tokens_per_microbatch": 60, "distill.lmbda": 0.5,
+                               "data.completion_column": "answer", "rollout.max_new_tokens": 4}),
 }
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A teacher of the student's shape and other weights: a nonzero divergence and opd advantage."""
+    return save_teacher(tmp_path_factory.mktemp("teacher") / "t", small_config(), seed=7)
 
 
 def one_batch_reference(t):
@@ -62,14 +78,17 @@ def one_batch_reference(t):
 
 def gradients(t, plan, state, b, pidx, pack):
     """(loss, (policy, value) gradients, summed metrics) of one step of `plan` on the prompts `pidx`."""
-    loss_fn = functools.partial(micro_batch_loss, t.objective, plan, t.mc, None, False)
-    run = lambda s, bb, p, pk: accumulate(t.objective, plan, t.mc, loss_fn, True, s, bb, p, pk, t.base, None)[0]
+    loss_fn = functools.partial(micro_batch_loss, t.objective, plan, t.mc, t.teacher_mc, False)
+    run = lambda s, bb, p, pk: accumulate(t.objective, plan, t.mc, loss_fn, True, s, bb, p, pk, t.base,
+                                          t.teacher)[0]
     return jax.jit(run)(state, b, pidx, pack)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_step_by_tokens_equals_one_batch(case, tmp_path):
+def test_step_by_tokens_equals_one_batch(case, tmp_path, request):
     algo, overrides = CASES[case]
+    if algo in ("opd", "gkd"):
+        overrides = {**overrides, "teacher.path": request.getfixturevalue("teacher")}
     c = small_config(algo, total_steps=1, **{"reward.functions": "fixtures_rewards:char_code", **overrides})
     t = Trainer(c, str(tmp_path))
     state, ref, reference = t.state, t.frozen_ref, one_batch_reference(t)
@@ -77,8 +96,8 @@ def test_step_by_tokens_equals_one_batch(case, tmp_path):
     pidx = jnp.array([3, 0, 2, 1])
     with sharding.use_mesh(t.mesh):
         pack = t.packer.score(b) if t.packer else None
-        got = t.fns.score(state, ref, b, pack, t.base)
-        want = jax.jit(make_score(t.objective, reference, t.mc))(state, ref, b, None, t.base)
+        got = t.fns.score(state, ref, b, pack, t.base, t.teacher)
+        want = jax.jit(make_score(t.objective, reference, t.mc, t.teacher_mc))(state, ref, b, None, t.base, t.teacher)
         assert set(got) == set(want)
         for k in want:  # real tokens only: the reference log-probs of padding are not read
             keep = b["mask"] if want[k].ndim == 2 else np.ones_like(want[k])
@@ -95,6 +114,12 @@ def test_step_by_tokens_equals_one_batch(case, tmp_path):
         row = b["prompt_tokens"].shape[1] + b["tokens"].shape[1]
         assert rows_per_micro(t.plan.microbatch_tokens, row, 1, 8) % 2  # an odd row count: groups split
     assert float(jnp.abs(loss0)) > 0 and optax_norm(grads0[0]) > 0
+    if t.objective.distill:  # the teacher is read: a teacher of other weights gives log-probs != the student's
+        assert np.any(np.abs(want["teacher_logp"] - want.get("old_logp", b["old_logp"])) * b["mask"] > 1e-3)
+    if t.objective.distill == "gkd":
+        assert float(aux0["distill/jsd"]) > 1e-4
+    if "supervised" in b:  # both kinds of rows in the step
+        assert 0 < int(jnp.sum(b["supervised"])) < b["supervised"].shape[0]
     np.testing.assert_allclose(loss, loss0, rtol=1e-5, atol=1e-7)
     for g, g0 in zip(grads, grads0):
         if g0 is not None:

@@ -4,6 +4,8 @@ relayed each reply still holds on the direct path (the reply budget, refusals, t
 stdout kept apart from replies, the deadline, the output cap). Each attack runs beside an honest
 sibling in the same batch."""
 
+import os
+
 import pytest
 from fixtures_sandbox import require_bwrap
 
@@ -60,3 +62,18 @@ def test_the_direct_path_keeps_the_judges_limits_beside_an_honest_sibling(name):
     assert (sibling.status, sibling.score) == ("passed", 1.0), sibling
     assert (attack.status, attack.score) == (status, 0.0), attack
     assert reason in attack.reason, attack
+
+
+def test_a_judge_with_hundreds_of_open_descriptors_hands_the_pipes_over():
+    """A trainer holds hundreds of descriptors, so the sandbox's pipe numbers can lie past its
+    RLIMIT_NOFILE; the runner's handover dup2s onto them (on the previous code: both rows 'crashed',
+    'exited with code 0 after 1 of 2 tests', seen first in CI's long-lived test workers)."""
+    require_bwrap()
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(300)]
+    try:
+        right, wrong = run_code_tests([HONEST, "def add(a, b):\n    return a - b\n"], [PYTEST, PYTEST], max_workers=2)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert (right.status, right.score) == ("passed", 1.0), right
+    assert (wrong.status, wrong.score) == ("failed", 0.0), wrong

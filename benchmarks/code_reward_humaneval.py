@@ -20,21 +20,7 @@ import statistics
 import sys
 import time
 
-OFF_BY_ONE = '''
-_judge_original = {e}
-def {e}(*args, **kwargs):
-    return _judge_off(_judge_original(*args, **kwargs))
-def _judge_off(r):
-    if isinstance(r, bool):
-        return not r
-    if isinstance(r, (int, float)):
-        return r + 1
-    if isinstance(r, str):
-        return r + "a"
-    if isinstance(r, (list, tuple)):
-        return r[:-1] if r else type(r)([1])
-    return 1 if r is None else None
-'''
+from harness.wrong_solutions import OFF_BY_ONE
 
 
 def humaneval_tests(problem: dict) -> str:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from code_reward_humaneval import OFF_BY_ONE  # the same off-by-one wrapper of the entry point
+from harness.wrong_solutions import OFF_BY_ONE
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "mbpp.jsonl.gz")
 

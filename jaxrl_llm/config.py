@@ -271,6 +271,7 @@ def _mesh(c: ml_collections.ConfigDict) -> None:
     c.mesh.fsdp = -1  # fully sharded data-parallel axis
     c.mesh.tensor = 1  # tensor-parallel axis
     c.mesh.expert = 1  # expert-parallel axis: shards the experts of mixture-of-experts models
+    c.mesh.sequence = 1  # context-parallel axis: splits each row's tokens in the score/update passes (docs/scaling.md)
     c.mesh.rollout_devices = 0  # r > 0: the last r devices sample while the others train (r/P per host on P processes); docs/algorithms/async.md
 
 

@@ -126,11 +126,12 @@ def _validate_model_and_data(c) -> None:
     rows = c.rollout.batch_prompts * c.rollout.group_size
     _check(c, r + "decode_slots", lambda v: _is_int(v) and 0 <= v <= rows,
            f"an int in [0, batch_prompts x group_size = {rows}] (0 = all rows)")
-    known = all(_is_int(v) and v > 0 for v in (c.mesh.data, c.mesh.fsdp))  # -1: checked at start-up
-    shards = c.mesh.data * c.mesh.fsdp if known else 1
+    axes = (c.mesh.data, c.mesh.fsdp, c.mesh.sequence)
+    known = all(_is_int(v) and v > 0 for v in axes)  # -1: checked at start-up
+    shards = math.prod(axes) if known else 1
     if c.rollout.decode_slots % shards:
-        _fail(r + "decode_slots", f"a multiple of mesh.data x mesh.fsdp = {shards} (the slots are sharded)",
-              c.rollout.decode_slots)
+        _fail(r + "decode_slots", f"a multiple of mesh.data x mesh.fsdp x mesh.sequence = {shards} (the slots are "
+              "sharded)", c.rollout.decode_slots)
     _check(c, r + "decode_shrink", lambda v: _is_int(v) and (v == 0 or v >= 2), "0 (off) or an int >= 2")
     if c.rollout.decode_shrink and c.rollout.decode_slots:
         _fail(r + "decode_shrink", "0 with rollout.decode_slots > 0 (it shrinks the static batch; the slots "
@@ -290,18 +291,22 @@ def _validate_training(c) -> None:
 
 
 def _validate_token_budget(c, longest) -> None:
-    """train.max_tokens_per_microbatch: 0, or room for the longest row (a packed row when packing) on a shard."""
+    """train.max_tokens_per_microbatch: 0, or room for the longest row (a packed row when packing) on a row
+    shard: its mesh.sequence = C chips hold C times the budget (a row's tokens split over them)."""
     budget, pack = c.train.max_tokens_per_microbatch, c.train.pack_length
+    seq = c.mesh.sequence if _is_int(c.mesh.sequence) and c.mesh.sequence > 0 else 1
+    shard = f" x mesh.sequence {seq} = {budget * seq}" if seq > 1 else ""
     _check(c, "train.max_tokens_per_microbatch", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
     if budget and c.train.grad_accum != 1:
         _fail("train.grad_accum", "1 with train.max_tokens_per_microbatch > 0 (the token budget sets the "
               "micro-batches)", c.train.grad_accum)
-    if budget and pack and budget < pack:
-        _fail("train.max_tokens_per_microbatch", f"0 (off) or at least one packed row, train.pack_length = {pack} "
-              "tokens", budget)
-    if budget and not pack and _is_int(longest) and budget < longest:
-        _fail("train.max_tokens_per_microbatch", "0 (off) or at least the longest row, data.max_prompt_length + "
-              f"rollout.max_new_tokens = {longest} tokens", budget)
+    if budget and pack and budget * seq < pack:
+        _fail("train.max_tokens_per_microbatch", f"0 (off) or room for one packed row{shard}: train.pack_length = "
+              f"{pack} tokens (or a larger mesh.sequence)", budget)
+    if budget and not pack and _is_int(longest) and budget * seq < longest:
+        _fail("train.max_tokens_per_microbatch", f"0 (off) or room for the longest row{shard}: "
+              f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or a larger mesh.sequence)",
+              budget)
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -320,7 +325,7 @@ def _validate_lora(c) -> None:
 
 
 def _validate_io(c) -> None:
-    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"):
+    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "mesh.sequence"):
         _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
     _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "checkpoint.max_to_keep", lambda v: _is_int(v) and v >= 1, "an int >= 1")

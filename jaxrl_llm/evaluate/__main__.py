@@ -59,7 +59,7 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
     from jaxrl_llm.checkpoint import Checkpointer
     from jaxrl_llm.trainer import adapters, setup
 
-    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, expert=c.mesh.expert)
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, expert=c.mesh.expert, sequence=c.mesh.sequence)
     setup.check_batch_fits(c, mesh)
     reward_fns = setup.build_rewards(evaluate.reward_config(c), mesh)
     model_path, tokenizer, mc, eos_ids, pad_id = setup.load_model_config(c)

@@ -35,30 +35,31 @@ DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
 
-def _key_block_start(i, bq, bk, causal, window):
-    """First key block query block i needs: 0, or (causal, windowed) the first within the window."""
+def _key_block_start(i, bq, bk, causal, window, off=0):
+    """First key block query block i needs: 0, or (causal, windowed) the first within the window. off: the
+    queries' first index among the keys (a causal pass whose queries are a later slice of the keys)."""
     if not causal or window is None:
         return 0
-    return jnp.maximum(0, i * bq - window + 1) // bk
+    return jnp.maximum(0, off + i * bq - window + 1) // bk
 
 
-def _query_block_stop(j, bq, bk, nq, causal, window):
+def _query_block_stop(j, bq, bk, nq, causal, window, off=0):
     """One past the last query block key block j is seen by (the transpose of `_key_block_start`)."""
     if not causal or window is None:
         return nq
-    return jnp.minimum(nq, (j * bk + bk + window - 2) // bq + 1)
+    return jnp.clip((j * bk + bk + window - 2 - off) // bq + 1, 0, nq)
 
 
-def _key_block_stop(i, bq, bk, nk, causal):
+def _key_block_stop(i, bq, bk, nk, causal, off=0):
     """One past the last key block query block i needs: all of them, or those at or below the diagonal."""
     if not causal:
         return nk
-    return jnp.minimum(nk, (i * bq + bq - 1) // bk + 1)
+    return jnp.minimum(nk, (off + i * bq + bq - 1) // bk + 1)
 
 
-def _query_block_start(j, bq, bk, causal):
+def _query_block_start(j, bq, bk, causal, off=0):
     """First query block that needs key block j (the transpose of `_key_block_stop`)."""
-    return (j * bk) // bq if causal else 0
+    return jnp.maximum(0, j * bk - off) // bq if causal else 0
 
 
 def _tile(q_blk, k_blk, q_seg, kv_seg, q0, k0, scale, causal, softcap=None, win=None, br=None):
@@ -136,12 +137,13 @@ def _tile_windows(win, branches, s, bq, bk, nq, nk):
     return (None if win is None or branches is not None else win[2]), tile_win, tile_br
 
 
-def _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, scale, softcap):
+def _forward(q, k, v, q_seg, kv_seg, win, branches, q_offset, causal, block_q, block_k, scale, softcap):
     n, s, h, hd = q.shape
     bq, bk, nq, nk = _blocks(q, k, block_q, block_k)
     qh, kh, vh, q_seg_p, kv_seg_p = _layout(q, k, v, q_seg, kv_seg, bq, bk)
     scale = hd ** -0.5 if scale is None else scale
     window, tile_win, tile_br = _tile_windows(win, branches, s, bq, bk, nq, nk)
+    off = 0 if q_offset is None else q_offset
     slice_k = lambda x, j: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=x.ndim - 2 if x.ndim == 4 else 1)
 
     def query_block(i):
@@ -150,7 +152,7 @@ def _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, sc
 
         def key_block(j, carry):
             m, l, acc = carry
-            sc, valid, _ = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), i * bq, j * bk, scale, causal,
+            sc, valid, _ = _tile(q_blk, slice_k(kh, j), qs, slice_k(kv_seg_p, j), off + i * bq, j * bk, scale, causal,
                                  softcap, tile_win(i, j), tile_br(i, j))
             m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
             p = jnp.where(valid, jnp.exp(sc - m_new[..., None]), 0.0)
@@ -162,8 +164,8 @@ def _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, sc
         shape = q_blk.shape[:-1]
         init = (jnp.full(shape, MASKED_SCORE, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(q_blk.shape, jnp.float32))
-        m, l, acc = jax.lax.fori_loop(_key_block_start(i, bq, bk, causal, window),
-                                      _key_block_stop(i, bq, bk, nk, causal), key_block, init)
+        m, l, acc = jax.lax.fori_loop(_key_block_start(i, bq, bk, causal, window, off),
+                                      _key_block_stop(i, bq, bk, nk, causal, off), key_block, init)
         seen = l > 0
         out = acc / jnp.where(seen, l, 1.0)[..., None]
         return out.astype(q.dtype), jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), EMPTY_LSE)
@@ -175,7 +177,8 @@ def _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, sc
 
 
 def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
-    q, k, v, q_seg, kv_seg, win, branches, out, lse = res
+    q, k, v, q_seg, kv_seg, win, branches, q_offset, out, lse = res
+    off = 0 if q_offset is None else q_offset
     d_out, d_lse = cotangents
     n, s, h, hd = q.shape
     kvh, r = k.shape[2], h // k.shape[2]
@@ -201,7 +204,7 @@ def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
             dq, dk, dv = carry
             q_blk, do_blk = q_slice(qh, i), q_slice(doh, i)
             qs = jax.lax.dynamic_slice_in_dim(q_seg_p, i * bq, bq, axis=1)
-            sc, valid, dcap = _tile(q_blk, k_blk, qs, ks, i * bq, j * bk, scale, causal, softcap, tile_win(i, j),
+            sc, valid, dcap = _tile(q_blk, k_blk, qs, ks, off + i * bq, j * bk, scale, causal, softcap, tile_win(i, j),
                                     tile_br(i, j))
             p = jnp.where(valid, jnp.exp(sc - q_slice(lse_h, i)[..., None]), 0.0)
             dv = dv + jnp.einsum("nkqrc,nkqrd->nkcd", p.astype(v.dtype), do_blk, preferred_element_type=jnp.float32)
@@ -213,19 +216,20 @@ def _backward(causal, block_q, block_k, scale, softcap, res, cotangents):
             return dq, dk, dv
 
         zeros = jnp.zeros(k_blk.shape, jnp.float32)
-        dq, dk, dv = jax.lax.fori_loop(_query_block_start(j, bq, bk, causal),
-                                       _query_block_stop(j, bq, bk, nq, causal, window), query_block, (dq, zeros, zeros))
+        dq, dk, dv = jax.lax.fori_loop(_query_block_start(j, bq, bk, causal, off),
+                                       _query_block_stop(j, bq, bk, nq, causal, window, off), query_block,
+                                       (dq, zeros, zeros))
         return dq, (dk, dv)
 
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qh.shape, jnp.float32), jnp.arange(nk))
     dq = dq.transpose(0, 2, 1, 3, 4).reshape(n, sp, h, hd)[:, :s].astype(q.dtype)
     unblock = lambda x, like: x.transpose(1, 0, 3, 2, 4).reshape(n, nk * bk, kvh, hd)[:, :like.shape[1]].astype(like.dtype)
-    return dq, unblock(dk, k), unblock(dv, v), None, None, None, None
+    return dq, unblock(dk, k), unblock(dv, v), None, None, None, None, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q=DEFAULT_BLOCK_Q,
-                    block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, win=None, branches=None):
+                    block_k=DEFAULT_BLOCK_K, scale=None, softcap=None, win=None, branches=None, q_offset=None):
     """Softmax attention by blocks, with GQA; float32 softmax and accumulation.
 
     q (N,S,H,hd); k, v (N,K,Hkv,hd), same dtype as q; q_segment_ids (N,S) int; kv_segment_ids (N,K) int,
@@ -238,18 +242,22 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, causal=True, block_q
     scores (default hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap), before the mask.
     branches: None or (q_branch (N,S), kv_branch (N,K) int): key j also needs branch 0 or the query's
     (a prompt shared by its completions in one packed segment); a window then skips no key block.
+    q_offset: None or an int32 scalar (traced) o: the queries are the keys o, o+1, .. of a longer row
+    (S <= K): causal means j <= o + i, and the causal block skipping follows (models/context.py's
+    sequence shards, whose queries are one slice of the gathered row).
     """
     with precision.precision_for(q.dtype):
-        return _forward(q, k, v, q_segment_ids, kv_segment_ids, win, branches, causal, block_q, block_k, scale,
+        return _forward(q, k, v, q_segment_ids, kv_segment_ids, win, branches, q_offset, causal, block_q, block_k, scale,
                         softcap)
 
 
 # float32 operands get float32 products (models/precision.py). The custom VJP's rules are traced when the
 # gradient is taken, after the model function and its precision context returned: they say so themselves.
-def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k, scale, softcap, win, branches):
+def _flash_fwd(q, k, v, q_seg, kv_seg, causal, block_q, block_k, scale, softcap, win, branches, q_offset):
     with precision.precision_for(q.dtype):
-        out, lse = _forward(q, k, v, q_seg, kv_seg, win, branches, causal, block_q, block_k, scale, softcap)
-    return (out, lse), (q, k, v, q_seg, kv_seg, win, branches, out, lse)
+        out, lse = _forward(q, k, v, q_seg, kv_seg, win, branches, q_offset, causal, block_q, block_k, scale,
+                            softcap)
+    return (out, lse), (q, k, v, q_seg, kv_seg, win, branches, q_offset, out, lse)
 
 
 def _flash_bwd(causal, block_q, block_k, scale, softcap, res, cotangents):

@@ -4,7 +4,6 @@ against the KV cache, and the cache write. The multi-token passes (prefill, scor
 """
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -12,6 +11,7 @@ from jaxrl_llm.models import lora
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.kernels import soft_cap
+from jaxrl_llm.models.layout import constrain
 from jaxrl_llm.models.moe import moe_mlp, sparse_mlp
 from jaxrl_llm.models.transformer import activation, apply_rope, layer_window, rms_norm
 
@@ -159,7 +159,7 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     if c.qk_norm:
         q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps, off), rms_norm(k, w["k_norm"], c.rms_norm_eps, off)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
-    q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
+    q = constrain(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
     keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
                                                    for a in (ck, cv))
@@ -175,10 +175,10 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     if not c.num_experts or (c.mixed_mlp and sparse is not True):  # a static True: the experts alone
         gate, up = (jnp.split(dense(y, "gate_up"), 2, axis=-1) if _has(w, "gate_up")
                     else (dense(y, "gate"), dense(y, "up")))
-        mid = nn.with_logical_constraint(activation(c, gate) * up, ("batch", "act_mlp"))
+        mid = constrain(activation(c, gate) * up, ("batch", "act_mlp"))
         mlp = dense(mid, "down")
         m = mlp if not c.num_experts or sparse is False else jnp.where(sparse, m, mlp)
-    x = nn.with_logical_constraint(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
+    x = constrain(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
                                         else m), ("batch", "act_embed"))
     return (x, (ck, cv), experts) if return_routes and c.num_experts else (x, (ck, cv))
 

@@ -105,7 +105,7 @@ def explain_attention(config, backend: str) -> list[str]:
 
 
 def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block: int = 256, scale=None,
-           softcap=None, window=None, window_size=None, positions=None):
+           softcap=None, window=None, window_size=None, positions=None, sequence: int = 1):
     """Attention by the implementation `name` (config.model.attention), resolved at trace time; `block`
     is blockwise's query and key tile (config.model.attention_block). scale: of the scores (default
     hd ** -0.5); softcap: scores -> softcap * tanh(scores / softcap); window: None or an int32 scalar
@@ -113,7 +113,17 @@ def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block
     key p only if positions[i] - (its position among the real prompt tokens) < window: the prefix may hold
     more than a left-padded prompt (the multi-turn sampler's cache slots). window_size: the static window
     of the windowed layers, which a traced `window` equals or exceeds every sequence (cudnn and splash
-    build static masks: prefix.with_static_window). positions (N,S) int: the queries'."""
+    build static masks: prefix.with_static_window). positions (N,S) int: the queries'.
+    sequence > 1: the rows are in models/context.py's zigzag layout, their tokens split over the `sequence`
+    mesh axis: the blockwise kernel runs per shard on the gathered keys/values (`xla` and `auto` take
+    it; cudnn and splash take no query offset: refused). prefix is then the prompts in the same layout."""
+    if sequence > 1:
+        if name in ("cudnn", "splash"):
+            raise ValueError(f"config.model.attention={name!r} cannot run with mesh.sequence > 1 (its masks take no "
+                             f"query offset); use auto or blockwise")
+        from jaxrl_llm.models.context import sequence_attention  # (context imports this module's neighbours)
+        return sequence_attention(q, k, v, key_mask, segment_ids, prefix, shards=sequence, positions=positions,
+                                  window=window, block_q=block, block_k=block, scale=scale, softcap=softcap)
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None, windowed=window is not None,

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.layout import constrain
 from jaxrl_llm.models.precision import matmul_precision, precise
 from jaxrl_llm.models.decode import decode_layer, decode_weights, left_matmul, weights_on_left
 from jaxrl_llm.models.kernels import soft_cap
@@ -278,7 +279,7 @@ def init_cache(config: ModelConfig, rows: int, slots: int):
 
     def full(spec, value, layers=()):
         shape, axes = spec
-        return nn.with_logical_constraint(jnp.full((*layers, *shape), value, dt),
+        return constrain(jnp.full((*layers, *shape), value, dt),
                                           (*(("layers",) if layers else ()), *axes))
 
     if not decode_unrolled(config):
@@ -298,7 +299,7 @@ def decode_step(config: ModelConfig, params, weights, tokens, positions, cache, 
     """
     routed = return_routes and config.num_experts > 0
     c = config
-    x = nn.with_logical_constraint(embed(c, params["embed"], tokens), ("batch", "act_embed"))
+    x = constrain(embed(c, params["embed"], tokens), ("batch", "act_embed"))
     # The barrier materializes cos/sin once per step: otherwise XLA fuses these transcendentals into every
     # layer's q and k fusions and evaluates them once per head element (~0.34 ms per layer of a 30M model
     # on CPU, 10x the rotation itself; docs/benchmarks_history.md, "The decode step's attention and RoPE").

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.models import lora
+from jaxrl_llm.models import context, lora
 from jaxrl_llm.models.config import ModelConfig, RopeConfig
 from jaxrl_llm.models.kernels import attend
+from jaxrl_llm.models.layout import constrain
 from jaxrl_llm.models.moe import MoeMlp
 
 
@@ -222,6 +223,7 @@ class Block(nn.Module):
     return_kv: bool = False  # emit this layer's (k, v) as a scan output (prefill builds the prefix)
     router_stats: bool = False  # MoE: emit `moe.router_stats` over the tokens of `mask` as a scan output
     pair: bool = False
+    sequence: int = 1  # > 1: the tokens are the zigzag layout split over the `sequence` axis (models/context.py)
 
     @nn.compact
     def __call__(self, x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse):
@@ -258,11 +260,11 @@ class Block(nn.Module):
             if qk_norms:
                 q, k = qk_norms[0](q), qk_norms[1](k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
+            q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
             prefix = None if prefix_kv is None else (*prefix_kv, prefix_mask)
             a = attend(c.attention, q, k, v, mask, segment_ids, prefix, block=c.attention_block, scale=c.attn_scale,
                        softcap=c.attn_softcap, window=layer_window(c, sliding), window_size=c.sliding_window,
-                       positions=positions)
+                       positions=positions, sequence=self.sequence)
             a = o_proj(a)
             x = x + (attn_out_norm(a) if attn_out_norm else a)
 
@@ -273,11 +275,11 @@ class Block(nn.Module):
                 stats = stats[0] if stats else None
             if mlp_proj is not None:
                 gate_proj, up_proj, down_proj = mlp_proj
-                mid = nn.with_logical_constraint(activation(c, gate_proj(h)) * up_proj(h), ("batch", "length", "act_mlp"))
+                mid = constrain(activation(c, gate_proj(h)) * up_proj(h), ("batch", "length", "act_mlp"))
                 mlp = down_proj(mid)
                 m = jnp.where(sparse, m, mlp) if moe is not None else mlp
             x = x + (mlp_out_norm(m) if mlp_out_norm else m)
-            x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+            x = constrain(x, ("batch", "length", "act_embed"))
             return x, (k, v), experts, stats
         if not self.pair:
             x, kv, experts, stats = layer(x, prefix_kv, routes, cos, sin, mask, segment_ids, prefix_mask, positions,
@@ -330,17 +332,30 @@ class Decoder(nn.Module):
                        (c.hidden_size, c.vocab_size), pdt)
 
         def inputs(tokens, positions):
-            x = nn.with_logical_constraint(embed(c, embedding, tokens), ("batch", "length", "act_embed"))
+            x = constrain(embed(c, embedding, tokens), ("batch", "length", "act_embed"))
             cos, sin = rope_cos_sin(c, positions)
             if c.local_rope is not None:
                 cos_l, sin_l = rope_cos_sin(c, positions, local=True)
                 cos, sin = jnp.stack([cos, cos_l]), jnp.stack([sin, sin_l])
             return x, cos, sin
-        if self.pair:
-            if any(a is not None for a in (prefix, prefix_mask, segment_ids)) or self.return_kv or self.return_routes:
-                raise ValueError("Decoder(pair=True) takes no prefix, prefix_mask or segment_ids and returns no kv "
-                                 "or routes: the completions' prefix is their prompts' keys/values")
-            # each a (prompt, completion) pair
+        if self.pair and (any(a is not None for a in (prefix, prefix_mask, segment_ids)) or self.return_kv
+                          or self.return_routes):
+            raise ValueError("Decoder(pair=True) takes no prefix, prefix_mask or segment_ids and returns no kv "
+                             "or routes: the completions' prefix is their prompts' keys/values")
+        shards = context.sequence_shards()
+        if shards > 1:  # context parallelism: each row in the zigzag layout, its tokens split over the axis
+            if prefix is not None or prefix_mask is not None:
+                raise ValueError("a sequence-sharded pass takes no prefix (keys/values of earlier tokens): the "
+                                 "sampler runs under the plain rules (sharding.use_mesh(mesh))")
+            lengths = jax.tree_util.tree_map(lambda t: t.shape[1], tokens)
+            layout = lambda x, axis=1, value=0: context.to_layout(x, shards, axis, value)
+            if self.pair:
+                tokens, positions, mask = (tuple(map(layout, pair)) for pair in (tokens, positions, mask))
+                routes = None if routes is None else tuple(layout(r, 2) for r in routes)
+            else:
+                tokens, positions, mask, segment_ids = (layout(x) for x in (tokens, positions, mask, segment_ids))
+                routes = layout(routes, 2)
+        if self.pair:  # each a (prompt, completion) pair
             x, cos, sin = zip(inputs(tokens[0], positions[0]), inputs(tokens[1], positions[1]))
         else:
             x, cos, sin = inputs(tokens, positions)
@@ -357,10 +372,17 @@ class Decoder(nn.Module):
         sliding = jnp.asarray(c.sliding_layers, bool)  # (L,): the two layer kinds are data of one scan body
         sparse = jnp.asarray(c.moe_layers, bool)  # (L,): so are dense and sparse MLP layers (mixed_mlp)
         stats = self.return_router_stats and c.num_experts > 0
-        x, (kv, experts, router) = layers(c, self.return_kv, stats, self.pair, name="layers")(
+        x, (kv, experts, router) = layers(c, self.return_kv, stats, self.pair, shards, name="layers")(
             x, prefix, routes, cos, sin, mask, segment_ids, prefix_mask, positions, sliding, sparse)
         final_norm = RMSNorm(c.rms_norm_eps, param_dtype=pdt, offset=c.norm_offset, name="final_norm")
         x = tuple(map(final_norm, x)) if self.pair else final_norm(x)
+        if shards > 1:  # back to row order: hidden (N,S,D), keys/values (L,N,S,..), experts (L,N,S,k)
+            if self.pair:
+                x = tuple(context.from_layout(h, shards, t) for h, t in zip(x, lengths))
+            else:
+                x = context.from_layout(x, shards, lengths)
+                kv = jax.tree_util.tree_map(lambda a: context.from_layout(a, shards, lengths, 2), kv)
+                experts = context.from_layout(experts, shards, lengths, 2)
         return (x, kv) + ((experts,) if self.return_routes else ()) + ((router,) if self.return_router_stats else ())
 
 

@@ -80,7 +80,7 @@ class Trainer:
         # mesh.rollout_devices = r > 0: the last r devices sample (their own mesh), the others train.
         devices, rollout_devices = async_rollout.split_devices(c, devices)
         self.mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices,
-                                       expert=c.mesh.expert)
+                                       expert=c.mesh.expert, sequence=c.mesh.sequence)
         self.rollout_mesh = sharding.make_mesh(1, -1, 1, devices=rollout_devices) if rollout_devices else None
         setup.check_batch_fits(c, self.mesh)
         with undo_on_failure(workdir, close=self._close_sinks):  # a failed start leaves the workdir as it was
@@ -121,7 +121,7 @@ class Trainer:
         self.fns = step_functions(self.objective, self.plan, self.mc, self.mesh, treedef, tuple(leaves), self.teacher_mc)
         self.packer = Packer(c.train.pack_length, c.rollout.group_size, self.plan.score_chunks, c.train.grad_accum,
                              self.mesh, shares_prompt(c.train.pack_share_prompt, self.mc, c.train.pack_length),
-                             c.train.max_tokens_per_microbatch) if c.train.pack_length > 0 else None
+                             self.plan.microbatch_tokens) if c.train.pack_length > 0 else None
 
     def _close_sinks(self) -> None:
         """Closes what a failed start may have opened in the workdir, before it is cleaned."""
@@ -217,7 +217,7 @@ class Trainer:
         # VAPO's value pretraining: the first steps train the value model alone, the policy frozen.
         pretraining = c.value.pretrain_steps > 0 and int(state.step) < c.value.pretrain_steps  # no sync when off
         update = fns.update_value if pretraining else fns.update
-        with sharding.use_mesh(self.mesh):
+        with sharding.use_mesh(self.mesh, sequence=True):  # a `sequence` axis splits the rows' tokens here
             pack = self.packer.score(b) if self.packer else None
             b.update(fns.score(state, ref, b, pack, self.base, self.teacher))
             b.setdefault("old_logp", b["behavior_logp"])  # proximal = behaviour unless recomputed

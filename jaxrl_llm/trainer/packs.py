@@ -91,7 +91,7 @@ class Packer:
                  share_prompt: bool = True, microbatch_tokens: int = 0):
         self.pack_length, self.group_size, self.share_prompt = pack_length, group_size, share_prompt
         self.score_chunks, self.grad_accum = score_chunks, grad_accum
-        self.multiple = sharding.batch_divisor(mesh)  # packed rows shard over data x fsdp like any rows
+        self.multiple = sharding.row_shards(mesh)  # packed rows shard over data x fsdp like any trainer rows
         # packed rows per token-budget micro-batch: microbatch_tokens // pack_length on each row shard
         self.rows_per_micro = self.multiple * (microbatch_tokens // pack_length)
         self.lengths_fn = jit(lengths_and_prompts, out_shardings=sharding.replicated(mesh))

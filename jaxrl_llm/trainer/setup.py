@@ -107,14 +107,16 @@ def load_model_config(c: ml_collections.ConfigDict):
 def check_batch_fits(c: ml_collections.ConfigDict, mesh) -> None:
     """Every micro-batch and the decode slots split evenly over the mesh's data axes, and the batch over the
     processes."""
-    divisor = sharding.batch_divisor(mesh)
+    divisor, shards = sharding.batch_divisor(mesh), sharding.row_shards(mesh)
     per_micro = c.rollout.batch_prompts // c.train.minibatches // c.train.grad_accum
-    if c.rollout.batch_prompts % divisor or per_micro % divisor:
+    if c.rollout.batch_prompts % divisor or per_micro % shards:
+        seq = mesh.shape["sequence"]
         raise ValueError(f"config.rollout.batch_prompts={c.rollout.batch_prompts} (per micro-batch: {per_micro}) "
-                         f"must be divisible by mesh data*fsdp={divisor}")
+                         f"must be divisible by mesh data*fsdp={shards}"
+                         + (f" (the batch by data*fsdp*sequence={divisor}: the sampler's rows)" if seq > 1 else ""))
     if c.rollout.decode_slots % divisor:
         raise ValueError(f"config.rollout.decode_slots={c.rollout.decode_slots} must be divisible by mesh "
-                         f"data*fsdp={divisor} (the decode slots are sharded over them)")
+                         f"data*fsdp*sequence={divisor} (the decode slots are sharded over them)")
     if c.rollout.batch_prompts % jax.process_count():
         raise ValueError(f"config.rollout.batch_prompts={c.rollout.batch_prompts} must be divisible by the "
                          f"{jax.process_count()} processes")

@@ -82,7 +82,8 @@ class UpdatePlan:
     optimizer: OptimizerSpec
     value_optimizer: OptimizerSpec
     pack_length: int = 0  # tokens per packed row of the score and update passes; 0 = unpacked
-    microbatch_tokens: int = 0  # >0: micro-batches of rows by this many tokens per row shard (microbatches.py)
+    microbatch_tokens: int = 0  # >0: micro-batches of rows by this many tokens per row shard (microbatches.py):
+    # train.max_tokens_per_microbatch x mesh.sequence (a row shard's C chips each hold 1/C of its rows' tokens)
 
     @classmethod
     def from_config(cls, c) -> UpdatePlan:
@@ -94,7 +95,8 @@ class UpdatePlan:
                    recompute_logprobs=c.rollout.recompute_logprobs, ref_mix_alpha=c.ref.mix_alpha,
                    optimizer=OptimizerSpec.from_config(c.optimizer, c.optimizer.learning_rate, length),
                    value_optimizer=OptimizerSpec.from_config(c.optimizer, c.value.learning_rate, length),
-                   pack_length=c.train.pack_length, microbatch_tokens=c.train.max_tokens_per_microbatch)
+                   pack_length=c.train.pack_length,
+                   microbatch_tokens=c.train.max_tokens_per_microbatch * max(int(c.mesh.sequence), 1))
 
     @property
     def score_chunks(self) -> int:

@@ -358,7 +358,7 @@ def step_functions(objective: Objective, plan: UpdatePlan, mc: ModelConfig, mesh
     """Cached on its (hashable) arguments, so a resumed or repeated run in the same process reuses the
     compiled programs."""
     state_shardings = jax.tree_util.tree_unflatten(state_treedef, state_sharding_leaves)
-    alpha, shards = plan.ref_mix_alpha, sharding.batch_divisor(mesh)
+    alpha, shards = plan.ref_mix_alpha, sharding.row_shards(mesh)
     out_shardings = (state_shardings, sharding.replicated(mesh))
     jit_update = lambda train_policy: jit(make_update(objective, plan, mc, train_policy, tmc, shards),
                                           donate_argnums=(0,), out_shardings=out_shardings)

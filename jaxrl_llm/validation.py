@@ -152,6 +152,9 @@ def _validate_source(c) -> None:
         _check(c, r + "curriculum", lambda v: isinstance(v, bool), "True or False")
         _check(c, r + "curriculum_threshold", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
         _check(c, r + "curriculum_window", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+        if c.data.reasoning_gym.curriculum and "reasoning_gym" not in [s for s, _ in reward_specs(c)]:
+            _fail(r + "curriculum", "False unless reward.functions has reasoning_gym (the curriculum reads its per-task "
+                  "rewards)", True)
         rgym.check_section(c.data.reasoning_gym,
                            curriculum_ok=not c.rollout.max_staleness and not c.mesh.rollout_devices)
     elif not c.data.path and not c.data.task:

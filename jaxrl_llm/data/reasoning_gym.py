@@ -4,7 +4,8 @@ A run names one or more tasks of the `reasoning_gym` package with their weights
 (`data.reasoning_gym.tasks = "spell_backward, chain_sum:2"`) and each task's generator options
 (`data.reasoning_gym.options.<task>.<field>`, the fields of the task's config dataclass). The rows are
 generated from the run's seed by the package's own weighted composite dataset (no download, no file):
-row i is the composite's item i, of the task its weights draw for i.
+row i is the composite's item i, of the task its weights draw for i (the composite's seed is a hash of the
+run's: `composite_seed`).
 
 Held-out rows: as for the built-in task (data/tasks.py), a fixed eighth of the problem space, the
 questions whose CRC-32 is 0 mod 8, is the "test" split and the "train" split skips them; each split
@@ -115,6 +116,14 @@ def check_section(section, *, curriculum_ok: bool = True) -> None:
     names = task_names()
     for name, _ in tasks:
         check_task_name(name, names)
+    if section.curriculum:
+        missing = [n for n, _ in tasks if n not in curriculum_tasks()]
+        if missing:
+            raise ValueError(f"config.data.reasoning_gym.curriculum: {', '.join(missing)} has no curriculum in "
+                             "reasoning-gym (no difficulty levels); leave it out or set curriculum=False")
+        if not curriculum_ok:
+            raise ValueError("config.data.reasoning_gym.curriculum needs synchronous rollouts "
+                             "(rollout.max_staleness=0, mesh.rollout_devices=0)")
     options = _options(section)
     for name, values in options.items():
         if name not in dict(tasks):
@@ -134,14 +143,6 @@ def check_section(section, *, curriculum_ok: bool = True) -> None:
         except (AssertionError, TypeError, ValueError) as e:
             raise ValueError(f"config.data.reasoning_gym.options.{name}: the task refuses its options: "
                              f"{' '.join(str(e).split()) or type(e).__name__}") from None
-    if section.curriculum:
-        missing = [n for n, _ in tasks if n not in curriculum_tasks()]
-        if missing:
-            raise ValueError(f"config.data.reasoning_gym.curriculum: {', '.join(missing)} has no curriculum in "
-                             "reasoning-gym (no difficulty levels); leave it out or set curriculum=False")
-        if not curriculum_ok:
-            raise ValueError("config.data.reasoning_gym.curriculum needs synchronous rollouts "
-                             "(rollout.max_staleness=0, mesh.rollout_devices=0)")
 
 
 def make_config(name: str, kwargs: dict):
@@ -192,6 +193,13 @@ def start_levels(section) -> dict[str, int] | None:
     return {name: 0 for name, _ in parse_tasks(section.tasks)} if section.curriculum else None
 
 
+def composite_seed(seed: int) -> int:
+    """The composite dataset's seed for the run's `seed`: a multiplicative hash into [0, 2^31). The package
+    draws item i from Random(seed + i) (and its i-th task from seed + i + 1), so seeds 0 and 1 would give
+    the same rows shifted by one; hashed, two seeds' streams lie far apart."""
+    return (int(seed) * 2654435761 + 0x9E3779B1) % (1 << 31)
+
+
 def is_held_out(question: str) -> bool:
     """Whether a question belongs to the held-out "test" split (a function of its text alone)."""
     return zlib.crc32(question.encode("utf-8")) % HELD_OUT_MOD == 0
@@ -212,13 +220,13 @@ def generate(section, seed: int, num_rows: int, split: str = "train", levels: Ma
 
     tasks = parse_tasks(section.tasks)
     limit = WALK_FACTOR * num_rows + WALK_SLACK
-    specs = []
+    specs, base = [], composite_seed(seed)
     for i, (name, weight) in enumerate(tasks):
-        # The composite's own seeding of its i-th task (seed + i + 1), written out so the row records it.
+        # The composite's own seeding of its i-th task (its seed + i + 1), written out so the row records it.
         kwargs = {**task_kwargs(section, name, None if levels is None else levels[name]),
-                  "seed": seed + i + 1, "size": limit}
+                  "seed": base + i + 1, "size": limit}
         specs.append(DatasetSpec(name=name, weight=weight, config=kwargs))
-    composite = CompositeDataset(CompositeConfig(size=limit, seed=seed, datasets=specs))
+    composite = CompositeDataset(CompositeConfig(size=limit, seed=base, datasets=specs))
     config_json = {s.name: json.dumps(s.config, sort_keys=True) for s in specs}
     held_out = split == "test"
     rows = {c: [] for c in ROW_COLUMNS}

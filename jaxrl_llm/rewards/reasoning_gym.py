@@ -24,7 +24,7 @@ import functools
 from collections.abc import Sequence
 
 from jaxrl_llm.data import reasoning_gym as rg_data
-from jaxrl_llm.rewards.registry import RewardFn, register_reward
+from jaxrl_llm.rewards.registry import RewardFn, RewardScores, register_reward
 
 EXTRACTIONS = ("answer_tag", "whole")
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
@@ -63,18 +63,27 @@ def score(completion: str, task: str, config_json: str, index: int, how: str = "
 
 
 @register_reward("reasoning_gym", factory=True)
-def reasoning_gym_reward(extract: str = "answer_tag") -> RewardFn:
-    """Returns `reward(completions, task, rg_config, rg_index) -> list[float]` (see the module docstring).
+def reasoning_gym_reward(extract: str = "answer_tag", tasks: Sequence[str] = ()) -> RewardFn:
+    """Returns `reward(completions, task, rg_config, rg_index) -> RewardScores` (see the module docstring).
 
     extract: "answer_tag" (the last <answer>...</answer> block) or "whole" (the stripped completion).
+    tasks: the run's tasks (the trainer passes data.reasoning_gym's): the metrics `sum_<task>` and
+      `rows_<task>` (reward/reasoning_gym/...) of every one of them on every call, the sum of its rows'
+      scores and their count (0 and 0 for a task the batch lacks: every process reports the same names),
+      from which the trainer's curriculum reads each task's mean; without `tasks`, those of the rows' tasks.
     """
     if extract not in EXTRACTIONS:
         raise ValueError(f"reasoning_gym extract must be one of {EXTRACTIONS}, got {extract!r}")
-    how = extract
+    how, names = extract, tuple(tasks)
 
     def reward(completions: Sequence[str], task: Sequence[str], rg_config: Sequence[str], rg_index: Sequence[int],
-               **_) -> list[float]:
-        return [score(c, t, j, i, how) for c, t, j, i in zip(completions, task, rg_config, rg_index)]
+               **_) -> RewardScores:
+        scores = [score(c, t, j, i, how) for c, t, j, i in zip(completions, task, rg_config, rg_index)]
+        metrics = {}
+        for name in names or sorted(set(task)):
+            mine = [s for s, t in zip(scores, task) if t == name]
+            metrics[f"sum_{name}"], metrics[f"rows_{name}"] = float(sum(mine)), float(len(mine))
+        return RewardScores(scores, metrics=metrics)
 
     reward.__name__ = "reasoning_gym"
     return reward

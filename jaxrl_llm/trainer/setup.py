@@ -197,6 +197,8 @@ def build_rewards(c, mesh, callables: Sequence[Callable[..., Any]] = ()) -> list
     for spec, weight in config_lib.reward_specs(c):
         fn = by_name.get(spec)
         kwargs = dict(c.reward.kwargs.get(fn.__name__ if fn is not None else spec.split(":")[-1], {}))
+        if spec == "reasoning_gym" and c.data.source == rgym.SOURCE:  # every task's metrics, for the curriculum
+            kwargs.setdefault("tasks", [name for name, _ in rgym.parse_tasks(c.data.reasoning_gym.tasks)])
         if spec == "overlong" and c.dapo.overlong_buffer:  # DAPO's buffer, unless reward.kwargs says otherwise
             kwargs.setdefault("buffer", c.dapo.overlong_buffer)
         if spec == "reward_model":  # scored on the training mesh with the same sharding rules

@@ -232,7 +232,8 @@ def _small(c):
     c.checkpoint.every_steps, c.checkpoint.async_save = 1, False
     c.log.progress, c.export.at_end, c.export.plot = False, False, False
     c.eval.every_steps = 0
-    c.data.reasoning_gym.curriculum = True
+    c.data.reasoning_gym.curriculum = True  # from level 0 (3-letter words): no option pins the word length
+    c.data.reasoning_gym.options = ml_collections.ConfigDict()
     c.data.reasoning_gym.curriculum_window = 1
     return c
 

@@ -231,7 +231,11 @@ def generate(section, seed: int, num_rows: int, split: str = "train", levels: Ma
     held_out = split == "test"
     rows = {c: [] for c in ROW_COLUMNS}
     for index in range(limit):
-        item = composite[index]
+        try:
+            item = composite[index]
+        except Exception as e:  # noqa: BLE001 (a task's generator, e.g. options no problem satisfies)
+            raise ValueError(f"data.reasoning_gym: the package failed to generate item {index} of {section.tasks!r}: "
+                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]} (check the tasks' options)") from e
         if is_held_out(item["question"]) != held_out:
             continue
         name = item["metadata"]["source_dataset"]

@@ -240,20 +240,47 @@ def _small(c):
 
 def test_curriculum_raises_the_level_in_training_and_a_resume_keeps_it(tmp_path, monkeypatch):
     """Scores of 1 raise spell_backward's level each step (window 1) and the next batches are of longer
-    words; a resumed run starts at the saved level with that level's rows; scores of 0 raise nothing."""
+    words; a run resumed after step 2 starts at the saved level with that level's rows and logs what the
+    straight run logged; scores of 0 then raise nothing."""
+    import json
     from jaxrl_llm.trainer import Trainer
     monkeypatch.setattr(rg_reward, "score", lambda *a, **k: 1.0)
     c = _small(grpo_reasoning_gym.get_config("tiny"))
-    c.total_steps = 2
-    history = Trainer(c, str(tmp_path)).run()
-    assert [h["curriculum/spell_backward/level"] for h in history] == [1.0, 2.0]
-    monkeypatch.setattr(rg_reward, "score", lambda *a, **k: 0.0)
     c.total_steps = 3
-    t = Trainer(c, str(tmp_path))
+    straight = Trainer(c, str(tmp_path / "straight")).run()
+    assert [h["curriculum/spell_backward/level"] for h in straight] == [1.0, 2.0, 3.0]
+    c.total_steps = 2
+    Trainer(c, str(tmp_path / "resumed")).run()
+    c.total_steps = 3
+    t = Trainer(c, str(tmp_path / "resumed"))
     assert t.start_step == 2 and t.curriculum.levels == {"spell_backward": 2}
     lengths = {len(a) for a in t.data._dataset["answer"]}
     assert max(lengths) > 3 and lengths <= set(range(3, 8))  # level 2: words of 3 to 7 letters
-    assert t.run()[-1]["curriculum/spell_backward/level"] == 2.0  # a score of 0 raises nothing
+    t.run()
+    rows = [json.loads(line) for line in open(tmp_path / "resumed" / "metrics.jsonl")]
+    assert len(rows) == 3
+    for key, value in straight[-1].items():
+        if not key.startswith("perf/"):
+            assert rows[-1][key] == value, (key, rows[-1][key], value)
+    monkeypatch.setattr(rg_reward, "score", lambda *a, **k: 0.0)
+    c.total_steps = 4
+    assert Trainer(c, str(tmp_path / "resumed")).run()[-1]["curriculum/spell_backward/level"] == 3.0  # a 0: no raise
+
+
+def test_iterator_serves_a_replacing_dataset_from_its_position():
+    from jaxrl_llm.data import PromptIterator
+    import datasets
+    rows = lambda tag, n: datasets.Dataset.from_dict({"prompt_text": [f"{tag}{i}" for i in range(n)],  # noqa: E731
+                                                      "prompt_ids": [[i + 1] for i in range(n)]})
+    it = PromptIterator(rows("a", 10), 4, seed=0)
+    next(it)
+    it.replace_dataset(rows("b", 10))
+    assert it.state() == {"epoch": 0, "position": 4, "seed": 0, "num_rows": 10}
+    assert all(p.startswith("b") for p in next(it)["prompt_text"])
+    it.replace_dataset(rows("c", 6))  # position 8 leaves no batch of 4 in 6 rows: the next epoch
+    assert it.state()["epoch"] == 1 and it.state()["position"] == 0
+    with pytest.raises(ValueError, match="fewer than a batch"):
+        it.replace_dataset(rows("d", 3))
 
 
 def test_tiny_model_learns_an_easy_task_with_per_task_evaluation(tmp_path):

@@ -298,3 +298,17 @@ def test_tiny_model_learns_an_easy_task_with_per_task_evaluation(tmp_path):
     assert rewards[-10:].mean() > rewards[:10].mean() + 0.1
     last = history[-1]
     assert last["eval/task/spell_backward/mean_reward"] == last["eval/mean_reward"] > 0
+
+
+def test_start_up_probes_pay_the_tagged_reference_and_nothing_else_like_it():
+    """The reward check's probes (rewards/self_test.py) on reasoning-gym rows: the reference, stated in answer
+    tags among its forms, scores 1; no probe that lists, hedges or echoes scores like it."""
+    from jaxrl_llm.rewards.self_test import build_probes
+    rows = rgym.generate(section("chain_sum, spell_backward"), 0, 8)
+    fn = get_reward_fn("reasoning_gym")[1]
+    for row in rows:
+        probes = build_probes(row["question"], row["answer"], 64, len)
+        best = {name: max(fn(completions=list(texts), task=[row["task"]] * len(texts),
+                             rg_config=[row["rg_config"]] * len(texts), rg_index=[row["rg_index"]] * len(texts)))
+                for name, texts in probes.items()}
+        assert best.pop("reference") == 1.0 and max(best.values()) < 1.0, best

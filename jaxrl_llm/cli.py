@@ -114,7 +114,8 @@ def _flag_error(e: Exception, argv) -> str:
         arg = next((a for a in argv[1:] if a.startswith("--config.") and name and
                     name in a.split("=", 1)[0].split(".")), None)
         text = (f"{arg or 'a --config override'}: no config field '{name}' to override; "
-                "reward.kwargs entries must be set in the config file (or through the Python API) first")
+                "reward.kwargs and data.reasoning_gym.options entries must be set in the config file (or through the "
+                "Python API) first")
     head, sep, tb = text.partition("Traceback (most recent call last):")
     if sep:  # an exception raised inside the config file: keep its last line, the message
         lines = [line.strip() for line in tb.splitlines() if line.strip()]

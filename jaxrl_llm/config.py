@@ -99,6 +99,15 @@ def _data(c: ml_collections.ConfigDict) -> None:
     c.data.task = ""  # a built-in synthetic task (e.g. "digit_puzzles") instead of data.path
     c.data.task_rows = 4096  # rows generated for the built-in task
     c.data.task_weights = (0.3, 0.3, 0.2, 0.2)  # sampling weight of each difficulty level of the task
+    c.data.source = ""  # "" (data.path, or data.task) | "reasoning_gym" (generated rows of data.reasoning_gym's tasks)
+    # reasoning-gym tasks as data and reward (pip install reasoning-gym; docs/data.md, "reasoning-gym tasks")
+    c.data.reasoning_gym = ml_collections.ConfigDict()
+    c.data.reasoning_gym.tasks = ""  # comma-separated task[:weight], e.g. "spell_backward, chain_sum:2"
+    c.data.reasoning_gym.options = ml_collections.ConfigDict()  # generator options: options.<task>.<field>
+    c.data.reasoning_gym.rows = 4096  # training rows generated from the seed (the held-out ones: eval.num_prompts)
+    c.data.reasoning_gym.curriculum = False  # raise a task's difficulty level when its training reward passes the threshold
+    c.data.reasoning_gym.curriculum_threshold = 0.7  # mean training reward of a task over the window that raises its level
+    c.data.reasoning_gym.curriculum_window = 10  # steps whose mean training reward is compared to the threshold
 
 
 def _rollout(c: ml_collections.ConfigDict) -> None:
@@ -311,7 +320,7 @@ def _eval(c: ml_collections.ConfigDict) -> None:
     """Held-out evaluation."""
     c.eval = ml_collections.ConfigDict()  # held-out evaluation (jaxrl_llm/evaluate), also `python -m jaxrl_llm.evaluate`
     c.eval.every_steps = 0  # evaluate before the first step, every k steps and at the end; 0 = off
-    c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task
+    c.eval.path = ""  # held-out prompts, read like data.path (same columns); "" = the held-out split of data.task or data.source
     c.eval.split = "test"  # split of eval.path; a local file's one split is used when left at "test"
     c.eval.holdout = 8  # data.path, no eval.path: 1 prompt in this many (by hash) held out, never trained; 0 = eval off
     c.eval.num_prompts = 128  # the first n held-out prompts, always the same ones; 0 = all

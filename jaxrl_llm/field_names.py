@@ -12,7 +12,8 @@ import ml_collections
 
 from jaxrl_llm.trl_names import trl_hint
 
-FREE_FORM = ("reward.kwargs", "env.kwargs")  # sections whose keys are the user's (reward.kwargs.<fn>.<arg>)
+# Sections whose keys are the user's (reward.kwargs.<fn>.<arg>, data.reasoning_gym.options.<task>.<field>).
+FREE_FORM = ("reward.kwargs", "env.kwargs", "data.reasoning_gym.options")
 
 
 def check_fields(c: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:

@@ -11,6 +11,7 @@ import os
 import ml_collections
 
 from jaxrl_llm import rl
+from jaxrl_llm.data import reasoning_gym as rgym
 from jaxrl_llm.data.config import validate_data_config
 from jaxrl_llm.envs.registry import check_env_name
 from jaxrl_llm.presets import ALGOS
@@ -109,8 +110,7 @@ def _validate_model_and_data(c) -> None:
     if c.model.num_heads % c.model.num_kv_heads:
         _fail("model.num_kv_heads", f"a divisor of model.num_heads={c.model.num_heads}", c.model.num_kv_heads)
     validate_data_config(c.data)
-    if not c.data.path and not c.data.task:
-        raise ValueError("config.data.path and config.data.task are both empty; set one")
+    _validate_source(c)
     _check(c, "data.task_rows", lambda v: _is_int(v) and v >= 1, "a positive int")
     _check(c, "data.task_weights", lambda v: len(v) == 4 and all(_is_num(x) and x >= 0 for x in v) and sum(v) > 0,
            "4 non-negative level weights with a positive sum")
@@ -139,6 +139,27 @@ def _validate_model_and_data(c) -> None:
     if c.rollout.decode_shrink and c.env.name:
         _fail(r + "decode_shrink", "0 with env.name set (episodes decode turn by turn, sampling/turns.py)",
               c.rollout.decode_shrink)
+
+
+def _validate_source(c) -> None:
+    """Where the prompts come from: data.path, data.task or data.source (reasoning-gym tasks, checked with the
+    package: installed, the tasks and options known; data/reasoning_gym.py)."""
+    _check(c, "data.source", lambda v: v in ("", rgym.SOURCE), f"'' (data.path or data.task) or {rgym.SOURCE!r}")
+    if c.data.source == rgym.SOURCE:
+        if c.data.path or c.data.task:
+            _fail("data.source", "'' with data.path or data.task set (one source of prompts)", c.data.source)
+        r = "data.reasoning_gym."
+        _check(c, r + "rows", lambda v: _is_int(v) and v >= 1, "a positive int")
+        _check(c, r + "curriculum", lambda v: isinstance(v, bool), "True or False")
+        _check(c, r + "curriculum_threshold", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")
+        _check(c, r + "curriculum_window", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+        if c.data.reasoning_gym.curriculum and "reasoning_gym" not in [s for s, _ in reward_specs(c)]:
+            _fail(r + "curriculum", "False unless reward.functions has reasoning_gym (the curriculum reads its per-task "
+                  "rewards)", True)
+        rgym.check_section(c.data.reasoning_gym,
+                           curriculum_ok=not c.rollout.max_staleness and not c.mesh.rollout_devices)
+    elif not c.data.path and not c.data.task:
+        raise ValueError("config.data.path and config.data.task are both empty; set one (or data.source)")
 
 
 def _validate_objective(c) -> None:
@@ -370,7 +391,7 @@ def _validate_eval(c) -> None:
     if c.eval.rewards.strip() and not all(s.strip() for s in c.eval.rewards.split(",")):
         _fail(e + "rewards", "comma-separated reward names without empty entries", c.eval.rewards)
     _check(c, e + "holdout", lambda v: _is_int(v) and v >= 0, "an int >= 0 (1 prompt in this many held out; 0 = none)")
-    if c.eval.holdout == 1 and not c.eval.path and not c.data.task:
+    if c.eval.holdout == 1 and not c.eval.path and not c.data.task and not c.data.source:
         _fail(e + "holdout", "an int >= 2 or 0: 1 would hold out every prompt of data.path", c.eval.holdout)
     # A local file has one split ("train", whatever eval.split says): the same file is the training data.
     local = isinstance(c.eval.path, str) and c.eval.path and os.path.isfile(os.path.expanduser(c.eval.path))

@@ -110,4 +110,4 @@ def test_cli_names_the_argument_of_an_unknown_field():
     argv = ["prog", "--config.rollout.group_size=4", "--config.reward.kwargs.math_answer.tol=1"]
     assert cli._flag_error(KeyError("'math_answer'"), argv) == (
         "--config.reward.kwargs.math_answer.tol=1: no config field 'math_answer' to override; reward.kwargs "
-        "entries must be set in the config file (or through the Python API) first")
+        "and data.reasoning_gym.options entries must be set in the config file (or through the Python API) first")

@@ -59,7 +59,7 @@ def test_probes_of_an_integer_reference():
     p = st.build_probes("How many? Q", "72", overlong_tokens=500, count_tokens=len)
     assert list(p) == ["empty", "reference", "echo", "numbers", "boxed", "hedged", "overlong"]
     assert p["empty"] == ("",) and p["echo"] == ("How many? Q",)
-    assert p["reference"] == ("72", "The answer is 72.", "\\boxed{72}", "#### 72")
+    assert p["reference"] == ("72", "The answer is 72.", "\\boxed{72}", "#### 72", "<answer>72</answer>")
     numbers = [int(x) for x in p["numbers"][0].split()]
     assert numbers == list(range(72 - 72, 72 + 73))  # every candidate 0..144, the reference in the middle
     boxes = re.findall(r"\\boxed\{([^}]*)\}", p["boxed"][0])
@@ -194,7 +194,7 @@ def test_contract_errors_name_the_dataset_row_and_probe():
     with pytest.raises(RewardError, match=r"^reward 'wrong_length' returned \d+ values for \d+ rows, in the reward "
                                           r"check at start-up$"):
         _run([wrong_length])
-    with pytest.raises(RewardError, match=r"^reward 'bad_on_echo' returned nan on row 5 \(dataset row 0, probe "
+    with pytest.raises(RewardError, match=r"^reward 'bad_on_echo' returned nan on row 6 \(dataset row 0, probe "
                                           r"'echo'\), in the reward check at start-up$"):
         _run([bad_on_echo])
 

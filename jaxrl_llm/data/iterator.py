@@ -153,6 +153,20 @@ class PromptIterator:
         self._epoch, self._position = epoch, position
         self._normalize()
 
+    def replace_dataset(self, dataset: datasets.Dataset) -> None:
+        """Serves `dataset`'s rows from the next batch on, at the same epoch and position (the next epoch
+        when the position leaves no batch in it): a curriculum's regenerated rows. The order is then the
+        permutation (seed, epoch) of the new row count."""
+        if len(dataset) == 0 or (self._drop_last and self._batch_size > len(dataset)):
+            raise ValueError(f"the replacing dataset has {len(dataset)} rows, fewer than a batch of {self._batch_size}")
+        self._dataset = dataset.with_format(None)
+        self._num_rows = len(dataset)
+        self._lengths = (
+            pc.list_value_length(dataset.with_format("arrow")[PROMPT_IDS]).to_numpy(zero_copy_only=False)
+        ).astype(np.int64)
+        self._order_epoch = -1
+        self._normalize()
+
     @classmethod
     def from_state(
         cls, dataset: datasets.Dataset, batch_size: int, state: Mapping[str, Any], **kwargs

@@ -64,17 +64,20 @@ def pass_ks(k: int) -> list[int]:
     return ks + [k]
 
 
-def summarize(k: int, correct, score_mean, maj=None, level=None) -> dict[str, float]:
+def summarize(k: int, correct, score_mean, maj=None, level=None, task=None) -> dict[str, float]:
     """Metrics of one evaluation from per-prompt arrays: `correct` (P,) correct samples of k, `score_mean`
-    (P,) mean score, `maj` (P,) 0/1 votes or None, `level` (P,) ints or None (then no breakdown)."""
+    (P,) mean score, `maj` (P,) 0/1 votes or None, `level` (P,) ints or None (then no per-level breakdown,
+    eval/level<L>/), `task` (P,) task names or None (then no per-task breakdown, eval/task/<name>/)."""
     correct, score_mean = np.asarray(correct, np.int64), np.asarray(score_mean, np.float64)
     m = _group_metrics(k, correct, score_mean, maj, pass_ks(k), "eval/")
-    if level is not None:
-        level = np.asarray(level)
-        for lv in sorted(set(level.tolist())):
-            sel = level == lv
+    for groups, name in ((level, lambda g: f"eval/level{int(g)}/"), (task, lambda g: f"eval/task/{g}/")):
+        if groups is None:
+            continue
+        groups = np.asarray(groups)
+        for g in sorted(set(groups.tolist())):
+            sel = groups == g
             m.update(_group_metrics(k, correct[sel], score_mean[sel], None if maj is None else np.asarray(maj)[sel],
-                                    sorted({1, k}), f"eval/level{int(lv)}/"))
+                                    sorted({1, k}), name(g)))
     return m
 
 

@@ -1,5 +1,6 @@
 """Held-out evaluation of a policy: k samples for each of a fixed list of prompts, scored by the
-evaluation's reward functions, summarized as pass@k, mean reward, maj@k and a per-level breakdown.
+evaluation's reward functions, summarized as pass@k, mean reward, maj@k and a per-level (the built-in
+task's `level` column) or per-task (a `task` column, reasoning-gym's rows) breakdown.
 
 What makes the numbers reproducible: the prompts are the first `eval.num_prompts` held-out rows in their
 order, and batch i samples with `fold_in(fold_in(PRNGKey(seed), EVAL_STREAM), i)`, never the training
@@ -26,6 +27,7 @@ from jaxrl_llm import distributed as dist
 from jaxrl_llm import envs
 from jaxrl_llm import sharding
 from jaxrl_llm.data import bucket_length, left_pad, reward_columns
+from jaxrl_llm.data.reasoning_gym import TASK_COLUMN
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
 from jaxrl_llm.rewards import TrainerState, check_reward_parameters, compute_rewards, generation_fields
 from jaxrl_llm.sampling import generate
@@ -58,12 +60,13 @@ def reward_config(c):
 
 
 def eval_source(c) -> str | None:
-    """Where the held-out prompts come from: "path" (eval.path), "task" (the built-in task's test split),
+    """Where the held-out prompts come from: "path" (eval.path), "task" (the test split of the built-in task or
+    of data.source's generated tasks),
     "holdout" (the rows of data.path whose prompt hashes to 0 mod eval.holdout: data/holdout.py), or
     None (nowhere: periodic evaluation is off)."""
     if c.eval.path:
         return "path"
-    if c.data.task:
+    if c.data.task or c.data.get("source"):
         return "task"
     return "holdout" if c.eval.holdout else None
 
@@ -92,6 +95,11 @@ def load_eval_data(c, tokenizer, held_out=None):
             prefix = ("config." if message.startswith("eval.") else
                       f"config.eval.path {c.eval.path!r} (split {d.split!r}): ")
             raise ValueError(f"{prefix}{message}{hint}") from None
+    elif source == "task" and c.data.get("source"):  # reasoning-gym's tasks, at their configured options
+        from jaxrl_llm.data import reasoning_gym as rgym
+        section = c.data.reasoning_gym  # the held-out rows stay at the start's levels under a curriculum
+        raw = rgym.generate(section, c.seed, n or section.rows, split="test", levels=rgym.start_levels(section))
+        dataset, _ = prepare_prompts(raw, d, tokenizer)
     elif source == "task":
         raw = load_task(c.data.task, n or c.data.task_rows, c.seed, tuple(c.data.task_weights), split="test")
         if "level" in raw.column_names and "level" not in d.extra_columns:
@@ -107,11 +115,15 @@ def load_eval_data(c, tokenizer, held_out=None):
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
 
 
-def vote_key(completion: str, builtin_task: bool) -> str | None:
-    """The answer a completion votes for: the stripped completion for the built-in task, else its final
-    answer as the math reward extracts and normalizes it (None when it gives none)."""
+def vote_key(completion: str, builtin_task: bool, extract: str | None = None) -> str | None:
+    """The answer a completion votes for: the stripped completion for the built-in task, the answer the
+    reasoning_gym reward extracts under `extract` (reasoning-gym's tasks), else its final answer as the math
+    reward extracts and normalizes it (None when it gives none)."""
     if builtin_task:
         return completion.strip() or None
+    if extract is not None:
+        from jaxrl_llm.rewards.reasoning_gym import extract as extract_answer
+        return extract_answer(completion, extract) or None
     from jaxrl_llm.rewards.math import final_answer, normalize_answer
     text = final_answer(completion).text
     return normalize_answer(text) if text is not None else None
@@ -134,6 +146,12 @@ class Evaluator:
         # A per-level breakdown where the rows have integer levels (the built-in task's `level` column).
         self.levels = "level" in self.rows and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
                                                    for v in self.rows["level"])
+        # A per-task breakdown where the rows name their task (reasoning-gym's `task` column): eval/task/<name>/.
+        self.tasks = (sorted(set(self.rows[TASK_COLUMN])) if TASK_COLUMN in self.rows
+                      and all(isinstance(v, str) and v for v in self.rows[TASK_COLUMN]) else None)
+        # The answer a sample votes for in maj@k: reasoning-gym's rows vote on the answer their reward extracts.
+        self.extract = (c.reward.kwargs.get("reasoning_gym", {}).get("extract", "answer_tag")
+                        if c.data.get("source") and not c.eval.path else None)
         self.key = jax.random.fold_in(jax.random.PRNGKey(c.seed), EVAL_STREAM)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
@@ -149,7 +167,8 @@ class Evaluator:
         s = np.concatenate(stats)
         s = s[s[:, 0] > 0]  # the padding of the last batch
         m = summarize(self.k, s[:, 1].astype(np.int64), s[:, 2], s[:, 3] if self.vote else None,
-                      s[:, 4].astype(np.int64) if self.levels else None)
+                      s[:, 4].astype(np.int64) if self.levels else None,
+                      [self.tasks[int(t)] for t in s[:, 6]] if self.tasks else None)
         if self.env is not None:
             m["eval/env/turns/mean"] = float(np.mean(s[:, 5]))
         m["eval/time_s"] = time.perf_counter() - t0
@@ -175,11 +194,12 @@ class Evaluator:
         if extra is not None:  # the episodes' turn rewards add to the reward functions', as in training
             scores = scores + extra
         correct = (scores >= c.eval.correct_threshold).reshape(-1, k)
-        votes = [majority_vote([vote_key(t, self.builtin) for t in completions[b * k:(b + 1) * k]], correct[b])[1]
-                 if self.vote else False for b in range(len(index))]
+        votes = [majority_vote([vote_key(t, self.builtin, self.extract) for t in completions[b * k:(b + 1) * k]],
+                               correct[b])[1] if self.vote else False for b in range(len(index))]
         level = batch["level"] if self.levels else [0] * len(index)
+        task = [self.tasks.index(t) for t in batch[TASK_COLUMN]] if self.tasks else [0] * len(index)
         stats = np.stack([valid, correct.sum(1), scores.reshape(-1, k).astype(np.float64).mean(1), votes, level,
-                          np.reshape(turns, (-1, k)).mean(1)], axis=1).astype(np.float64)
+                          np.reshape(turns, (-1, k)).mean(1), task], axis=1).astype(np.float64)
         rows = [{"prompt": prompts[n], "completion": completions[n], "score": float(scores[n]),
                  "correct": bool(correct.flat[n]), "prompt_index": int(index[n // k]), "sample": n % k, **shown[n]}
                 for n in range(len(prompts)) if valid[n // k]]

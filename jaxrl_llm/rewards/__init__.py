@@ -3,8 +3,9 @@
 A reward is a function returning one `float | None` per row, called by keyword with the inputs it
 declares (`prompts`, `completions`, trainer fields, dataset columns; `calling`); see `registry` for the
 contract and docs/rewards.md for a guide. Importing this package registers the built-ins:
-`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, and `digit_puzzles` (the reward of
-the built-in task, `jaxrl_llm.rewards.tasks`); `reward_model` (a learned
+`math_answer`, `format`, `overlong`, `length_penalty`, `code_tests`, `digit_puzzles` (the reward of
+the built-in task, `jaxrl_llm.rewards.tasks`) and `reasoning_gym` (a reasoning-gym task's own score,
+`jaxrl_llm.rewards.reasoning_gym`); `reward_model` (a learned
 reward model, `jaxrl_llm.rewards.model`) is imported on first use by name.
 """
 
@@ -40,6 +41,7 @@ from jaxrl_llm.rewards.registry import (
     registered_rewards,
 )
 from jaxrl_llm.rewards.tasks import char_credit, digit_puzzle_reward
+from jaxrl_llm.rewards.reasoning_gym import reasoning_gym_reward  # its package is imported on first call
 from jaxrl_llm.rewards.shaping import (
     length_penalty,
     linear_length_penalty,
@@ -73,6 +75,7 @@ __all__ = [
     "char_credit",
     "code_tests",
     "digit_puzzle_reward",
+    "reasoning_gym_reward",
     "RewardBatch",
     "compute_rewards",
     "score_rewards",

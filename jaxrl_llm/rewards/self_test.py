@@ -5,8 +5,9 @@ Probes of one row (`build_probes`; a probe with several variants is scored by th
 them, as `PROBES` says):
 
   empty      ""
-  reference  the reference answer stated plainly: `r`, `The answer is r.`, `\\boxed{r}`, `#### r` (the best
-             of the four: the score of a correct answer, whatever form the reward reads)
+  reference  the reference answer stated plainly: `r`, `The answer is r.`, `\\boxed{r}`, `#### r`,
+             `<answer>r</answer>` (the best of the five: the score of a correct answer, whatever form the
+             reward reads)
   echo       the prompt echoed
   numbers    every candidate answer listed: the integers r-m..r+m (m = max(10, min(|r|, 500))) for an
              integer reference, else the reference among 20 wrong answers, the reference in the middle
@@ -117,7 +118,8 @@ def build_probes(prompt: str, reference: str | None, overlong_tokens: int,
     probes: dict[str, tuple[str, ...]] = {"empty": ("",)}
     if reference is not None:
         w = wrong_answers(reference, 4)
-        probes["reference"] = (reference, f"The answer is {reference}.", f"\\boxed{{{reference}}}", f"#### {reference}")
+        probes["reference"] = (reference, f"The answer is {reference}.", f"\\boxed{{{reference}}}", f"#### {reference}",
+                               f"<answer>{reference}</answer>")  # the last: rewards reading answer tags (reasoning_gym)
     probes["echo"] = (prompt,)
     if reference is not None:
         probes["numbers"] = (" ".join(_candidates(reference)),)

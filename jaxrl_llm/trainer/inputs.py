@@ -30,8 +30,9 @@ def python_inputs(config, rewards: Sequence[Any] | Callable[..., Any] | str | No
         c.reward.functions, c.reward.weights = ",".join(names), _weights(c.reward.weights, weights)
     rows = None
     if dataset is not None:
-        if c.data.path or c.data.task:
-            raise ValueError("pass the prompts either as dataset= or as config.data.path/data.task, not both")
+        if c.data.path or c.data.task or c.data.get("source"):
+            raise ValueError("pass the prompts either as dataset= or as config.data.path/data.task, not both "
+                             "(nor with data.source)")
         rows = as_dataset(dataset)
         c.data.path = f"<in-memory dataset {rows._fingerprint}>"
     return config_lib.prepare(c), callables, rows

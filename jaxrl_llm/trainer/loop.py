@@ -36,6 +36,7 @@ from jaxrl_llm import evaluate
 from jaxrl_llm import faults, fs, sharding
 from jaxrl_llm import metrics as metrics_lib
 from jaxrl_llm.checkpoint import Checkpointer, abstract_like
+from jaxrl_llm.data import reasoning_gym as rgym
 from jaxrl_llm.data.config import reward_columns
 from jaxrl_llm.models import lora, save_hf
 from jaxrl_llm.models.hf import save_peft_adapter
@@ -98,6 +99,11 @@ class Trainer:
         self.reward_fns = setup.user_rewards(c, self.reward_fns, dataset)  # their form of the completions
         check_reward_parameters(self.reward_fns, reward_columns(dataset.column_names))
         self.data = setup.data_iterator(c, dataset)
+        # reasoning-gym's curriculum: each task's level, raised on its training reward (data/reasoning_gym.py).
+        section = c.data.reasoning_gym
+        self.curriculum = (rgym.CurriculumState([n for n, _ in rgym.parse_tasks(section.tasks)],
+                                                section.curriculum_threshold, section.curriculum_window)
+                           if c.data.source == rgym.SOURCE and section.curriculum else None)
         self.rollouts = Rollouts(c, self.mc, self.mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids,
                                  self.pad_id)
         # Every reward on probe completions of a few rows, before the parameters load or anything compiles.
@@ -175,6 +181,10 @@ class Trainer:
         if start > self.c.total_steps:  # else the run would do nothing and exit 0
             raise ValueError(f"config.total_steps={self.c.total_steps} is below step {start}, where the checkpoint "
                              f"in {self.workdir} stands; raise total_steps to train further, or use another workdir")
+        if self.curriculum is not None and "curriculum" in meta:  # the levels first: they decide the rows
+            self.curriculum.restore(meta["curriculum"])
+            if any(self.curriculum.levels.values()):
+                self._load_levels()
         self.data.restore(meta["data"])
         self._inflight = [async_rollout.from_json(d) for d in meta.get("inflight", [])]
         log.info("resumed from step %d in %s", start, self.workdir)
@@ -256,6 +266,29 @@ class Trainer:
         m["step"] = float(state.step)
         return state, m, batch.samples
 
+    def _advance_curriculum(self, m: dict) -> dict[str, float]:
+        """reasoning-gym's curriculum after a step: each task's mean training reward of the step (from the
+        reasoning_gym reward's per-task sums and row counts) to `CurriculumState.observe`; the training rows
+        regenerated at the new levels when one rose. Returns the `curriculum/<task>/level` metrics."""
+        means = {}
+        for task in self.curriculum.levels:
+            rows = m.get(f"reward/reasoning_gym/rows_{task}", 0.0)
+            if rows > 0:
+                means[task] = m[f"reward/reasoning_gym/sum_{task}"] / rows
+        raised = self.curriculum.observe(means)
+        if raised:
+            log.info("curriculum: %s raised to level %s (mean training reward >= %g over %d steps)", ", ".join(raised),
+                     ", ".join(str(self.curriculum.levels[t]) for t in raised), self.curriculum.threshold,
+                     self.curriculum.window)
+            self._load_levels()
+        return {f"curriculum/{t}/level": float(level) for t, level in self.curriculum.levels.items()}
+
+    def _load_levels(self) -> None:
+        """The training rows regenerated at the curriculum's levels, served from the next batch on."""
+        dataset, stats, _ = setup.load_data(self.c, self.tokenizer, None, dict(self.curriculum.levels))
+        self.data.replace_dataset(dataset)
+        self.data_stats.update(stats)  # in place: the batch maker reads this dict
+
     @functools.cached_property
     def _peak(self) -> float:
         return self.c.log.peak_flops or metrics_lib.peak_flops(jax.devices()[0])
@@ -264,6 +297,8 @@ class Trainer:
         # The batches in flight first: the producer is then idle, and the data position is after them.
         inflight = [async_rollout.to_json(p) for p in self.producer.pending()]
         meta = {"data": self.data.state(), "step": int(state.step)}
+        if self.curriculum is not None:
+            meta["curriculum"] = self.curriculum.state()
         if self.base_id is not None:
             meta[adapters.BASE_KEY] = self.base_id
         if self.teacher_id is not None:
@@ -291,6 +326,8 @@ class Trainer:
             try:
                 for step in range(self.start_step, c.total_steps):
                     state, m, samples = self.train_step(state)
+                    if self.curriculum is not None:
+                        m.update(self._advance_curriculum(m))
                     if step == 0:  # a resumed run checks its rewards again but logs no second copy
                         m.update(self.self_test_metrics)
                     if self.evaluator is not None and ((step + 1) % c.eval.every_steps == 0

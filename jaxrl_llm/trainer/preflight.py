@@ -40,7 +40,7 @@ def check_model_dir(path: str, tokenizer: str | None) -> None:
 
 def check_inputs(c: ml_collections.ConfigDict, *, rows_given: bool = False) -> None:
     """The model (model.path, teacher.path), tokenizer, value model and data files (data.path unless
-    `rows_given` or data.task; eval.path) of the prepared config `c`, where they are local."""
+    `rows_given`, data.task or data.source; eval.path) of the prepared config `c`, where they are local."""
     if c.model.path and (model := local_model_dir(c.model.path)):
         check_model_dir(model, c.tokenizer or model)
     elif c.tokenizer:
@@ -50,7 +50,7 @@ def check_inputs(c: ml_collections.ConfigDict, *, rows_given: bool = False) -> N
     if c.value.enabled and c.value.init != "policy" and not os.path.isdir(c.value.init):
         raise FileNotFoundError(f"config.value.init {c.value.init!r} is neither 'policy' nor a directory (a Hugging "
                                 "Face *ForSequenceClassification model)")
-    if not rows_given and not c.data.task:
+    if not rows_given and not c.data.task and not c.data.source:
         data_file_extension(c.data.path)
     if c.eval.every_steps and c.eval.path:
         data_file_extension(c.eval.path, "config.eval.path")  # named as evaluate/evaluator.py names it

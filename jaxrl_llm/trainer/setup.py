@@ -23,6 +23,7 @@ from jaxrl_llm.compile_options import jit
 from jaxrl_llm.data import (iterator_from_config, load_prompt_dataset, load_tokenizer, prepare_prompts,
                             split_held_out)
 from jaxrl_llm.data.prompts import is_messages
+from jaxrl_llm.data import reasoning_gym as rgym
 from jaxrl_llm.data.tasks import load_task
 from jaxrl_llm.evaluate.evaluator import eval_source
 from jaxrl_llm.models import (ModelConfig, init_params, init_value_params, load_hf, load_hf_value, lora,
@@ -198,6 +199,8 @@ def build_rewards(c, mesh, callables: Sequence[Callable[..., Any]] = ()) -> list
     for spec, weight in config_lib.reward_specs(c):
         fn = by_name.get(spec)
         kwargs = dict(c.reward.kwargs.get(fn.__name__ if fn is not None else spec.split(":")[-1], {}))
+        if spec == "reasoning_gym" and c.data.source == rgym.SOURCE:  # every task's metrics, for the curriculum
+            kwargs.setdefault("tasks", [name for name, _ in rgym.parse_tasks(c.data.reasoning_gym.tasks)])
         if spec == "overlong" and c.dapo.overlong_buffer:  # DAPO's buffer, unless reward.kwargs says otherwise
             kwargs.setdefault("buffer", c.dapo.overlong_buffer)
         if spec == "reward_model":  # scored on the training mesh with the same sharding rules
@@ -229,9 +232,10 @@ def reward_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', None) or 'callable'}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def load_data(c, tokenizer, dataset=None):
+def load_data(c, tokenizer, dataset=None, levels=None):
     """(tokenized prompt dataset, its counts, the held-out rows or None): from `dataset` (the Python API's
-    rows), the built-in task, or `data.path`. With periodic evaluation and no eval.path or data.task, the
+    rows), the built-in task, reasoning-gym's tasks (`levels`: their curriculum levels, or None), or
+    `data.path`. With periodic evaluation and no eval.path or data.task, the
     held-out slice of the data (data/holdout.py, 1 prompt in eval.holdout) leaves the training rows; with
     no held-out source at all, evaluation is off (one warning)."""
     if dataset is not None:
@@ -239,6 +243,10 @@ def load_data(c, tokenizer, dataset=None):
     elif c.data.task:
         raw = load_task(c.data.task, c.data.task_rows, c.seed, tuple(c.data.task_weights))
         data, stats = prepare_prompts(raw, c.data, tokenizer)
+    elif c.data.source == rgym.SOURCE:
+        rows = rgym.generate(c.data.reasoning_gym, c.seed, c.data.reasoning_gym.rows,
+                             levels=levels if levels is not None else rgym.start_levels(c.data.reasoning_gym))
+        data, stats = prepare_prompts(rows, c.data, tokenizer)
     else:
         data, stats = load_prompt_dataset(c.data, tokenizer)
     source = eval_source(c)

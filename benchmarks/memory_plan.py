@@ -8,6 +8,7 @@
     python benchmarks/memory_plan.py --attention xla          # the dense attention path instead of auto's choice
     python benchmarks/memory_plan.py --pack_length 5120 --mean_new_tokens 1024   # packed score/update passes
     python benchmarks/memory_plan.py --max_tokens_per_microbatch 16384 --pack_length 16384   # a token budget
+    python benchmarks/memory_plan.py --new_tokens 32768 --meshes 1x8x1x8 --max_tokens_per_microbatch 8192  # sequence 8
     python benchmarks/memory_plan.py --model qwen2.5-32b --meshes 1x8x1 --lora-rank 16   # LoRA: adapters train
     python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo opd   # distillation
     python benchmarks/memory_plan.py --model qwen2.5-1.5b --teacher qwen2.5-7b --algo gkd   # 151936 vs 152064 logits
@@ -45,6 +46,12 @@ rows each; packed, all of a pass's rows packed as above then split into micro-ba
 shards x floor(K / L) packed rows, M of them (rounded as the trainer rounds them). "grad accum" then shows
 the update's M.
 
+Sequence axis (a fourth mesh entry, DATAxFSDPxTENSORxSEQUENCE; mesh.sequence, models/context.py): the
+score and update programs are compiled under the trainer's rules (`use_mesh(mesh, sequence=True)`: rows
+over data x fsdp, each row's tokens over sequence, attention in shard_map), the sampler's under the plain
+ones (rows over data x fsdp x sequence: the KV cache's rows too), and the token budget is per chip (a
+micro-batch of a row shard holds budget x sequence tokens).
+
 Caveat: the programs are compiled for CPU. Partitioning and buffer sizes are the same on TPU/GPU, but
 the backends schedule, fuse and rematerialize differently, and XLA:CPU widens some bfloat16 arithmetic
 to float32, so "temp" (activations, gradients, logits) is an estimate, usually on the high side. Keep
@@ -76,7 +83,7 @@ DEFAULT_MESHES = "1x8x1,1x2x4,1x16x1,1x4x4,1x64x1,1x16x4,1x8x8"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--meshes", default=DEFAULT_MESHES, help="comma-separated DATAxFSDPxTENSOR meshes")
+    p.add_argument("--meshes", default=DEFAULT_MESHES, help="comma-separated DATAxFSDPxTENSOR[xSEQUENCE] meshes")
     p.add_argument("--model", choices=list(MODELS), default="qwen2.5-7b", help="the model's shapes")
     p.add_argument("--size", choices=list(BY_SIZE), default="",
                    help="the benchmarks' shape names (harness/shapes.py) for --model: 135M, 0.5B, 1.5B, toy")
@@ -119,9 +126,9 @@ def parse_args(argv=None):
     try:
         args.mesh_list = [tuple(int(v) for v in m.lower().split("x")) for m in args.meshes.split(",") if m]
     except ValueError:
-        p.error(f"--meshes: expected DATAxFSDPxTENSOR entries like 1x16x4, got {args.meshes!r}")
-    if not args.mesh_list or any(len(m) != 3 or min(m) < 1 for m in args.mesh_list):
-        p.error(f"--meshes: expected DATAxFSDPxTENSOR entries of positive ints, got {args.meshes!r}")
+        p.error(f"--meshes: expected DATAxFSDPxTENSOR[xSEQUENCE] entries like 1x16x4, got {args.meshes!r}")
+    if not args.mesh_list or any(len(m) not in (3, 4) or min(m) < 1 for m in args.mesh_list):
+        p.error(f"--meshes: expected DATAxFSDPxTENSOR[xSEQUENCE] entries of positive ints, got {args.meshes!r}")
     return args
 
 
@@ -136,9 +143,10 @@ def grad_accum_for(args, mesh_shape) -> int:
     return max(1, per_step // (mesh_shape[0] * mesh_shape[1]))
 
 
-def run_config(args, grad_accum: int):
+def run_config(args, grad_accum: int, mesh_shape=(1, 1, 1)):
     from jaxrl_llm.config import base_config, prepare
     c = base_config()
+    c.mesh.sequence = mesh_shape[3] if len(mesh_shape) > 3 else 1
     c.algo = args.algo
     c.model.path = "memory-plan"  # a non-empty path: the model config comes from the dict above
     c.model.dtype, c.model.compute_dtype = args.param_dtype, args.compute_dtype
@@ -185,7 +193,7 @@ def abstract_packs(c, mesh, mean_new_tokens: int):
     if not c.train.pack_length:
         return None, None
     B, G, L = c.rollout.batch_prompts, c.rollout.group_size, c.train.pack_length
-    mean, divisor = mean_new_tokens or c.rollout.max_new_tokens // 4, sharding.batch_divisor(mesh)
+    mean, divisor = mean_new_tokens or c.rollout.max_new_tokens // 4, sharding.row_shards(mesh)
     rep = sharding.replicated(mesh)
     shape = lambda *s: jax.ShapeDtypeStruct(s, "int32", sharding=rep)
 
@@ -212,15 +220,17 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
     from jaxrl_llm.sampling import generate_program
     from jaxrl_llm.trainer import TrainState, UpdatePlan, make_optimizer, step_functions
 
-    mesh = sharding.make_mesh(*mesh_shape, devices=devices[:int(np.prod(mesh_shape))])
+    data, fsdp, tensor, *seq = mesh_shape
+    mesh = sharding.make_mesh(data, fsdp, tensor, devices=devices[:int(np.prod(mesh_shape))],
+                              sequence=seq[0] if seq else 1)
     rep = sharding.replicated(mesh)
     B, G, P, T = c.rollout.batch_prompts, c.rollout.group_size, c.data.max_prompt_length, c.rollout.max_new_tokens
     N = B * G
-    divisor = sharding.batch_divisor(mesh)
+    divisor, shards = sharding.batch_divisor(mesh), sharding.row_shards(mesh)
     micro = B // c.train.minibatches // c.train.grad_accum
-    if B % divisor or micro % divisor:
+    if B % divisor or micro % shards:
         raise ValueError(f"mesh {mesh_shape}: batch_prompts={B} (micro-batch {micro} prompts) is not divisible by "
-                         f"data*fsdp={divisor}")
+                         f"data*fsdp*sequence={divisor} (micro-batch: data*fsdp={shards})")
 
     # ---- the abstract train state, laid out as Trainer.__init__ lays it out
     bmc = lora.base_config(mc)
@@ -273,11 +283,12 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
            "ref": per_chip(state.ref_params or ref) if base is None else 0,  # LoRA: the base is the reference
            "trainable": sum(x.size for x in jax.tree_util.tree_leaves(params)),
            "value": per_chip(value) + per_chip(value_opt), "teacher": per_chip(teacher)}
-    with sharding.use_mesh(mesh):
+    with sharding.use_mesh(mesh):  # the sampler: rows over data x fsdp [x sequence]
         gen = generate_program.lower(mc, lora.join(base, params), batch["prompt_tokens"], batch["prompt_mask"],
                                      jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
                                      scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
                                      nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
+    with sharding.use_mesh(mesh, sequence=True):  # the trainer's passes: each row's tokens over sequence
         score_pack, update_pack = abstract_packs(c, mesh, mean_new_tokens)
         score = fns.score.lower(state, ref, batch, score_pack, base, teacher).compile()
         scored = jax.eval_shape(fns.score, state, ref, batch, score_pack, base, teacher)
@@ -314,7 +325,7 @@ def kv_cache_bytes(mc, N: int, T: int, mesh) -> int:
 
 def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
     """Headers and rows of the plan: sizes in `unit` bytes per chip, and whether the peak fits each chip."""
-    headers = ["mesh (data x fsdp x tensor)", "grad accum", "params", "optimizer", "reference", "value + opt", "teacher",
+    headers = ["mesh (data x fsdp x tensor [x sequence])", "grad accum", "params", "optimizer", "reference", "value + opt", "teacher",
                "KV cache",
                "sample temp", "score temp", "update temp", "peak / chip", *[f"fits {k} ({v // GIB} GiB)" for k, v in CHIPS.items()]]
     rows = []
@@ -347,7 +358,7 @@ def main(argv=None):
     for mesh in args.mesh_list:
         print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
               file=sys.stderr, flush=True)
-        c = run_config(args, grad_accum_for(args, mesh))
+        c = run_config(args, grad_accum_for(args, mesh), mesh)
         results.append((mesh, {"grad_accum": c.train.grad_accum, "micro_batches": update_micro_batches(c, mesh, args),
                                **plan_one(c, mc, mesh, devices, args.mean_new_tokens,
                                           model_config(args, teacher=True) if args.teacher else None)}))
@@ -361,7 +372,7 @@ def main(argv=None):
              f"{results[0][1]['trainable']:,} trainable parameters; "
              + (f"packed in rows of {c.train.pack_length} (mean completion {args.mean_new_tokens or c.rollout.max_new_tokens // 4}); "
                 if c.train.pack_length else "unpacked; ") +
-             (f"micro-batches of {c.train.max_tokens_per_microbatch} tokens per row shard; "
+             (f"micro-batches of {c.train.max_tokens_per_microbatch} tokens per chip; "
               if c.train.max_tokens_per_microbatch else "") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
     text = f"{title}\n\n{markdown_table(headers, rows)}\n\n{roofline(c, mc, args.mesh_list)}\n"

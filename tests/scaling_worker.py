@@ -30,14 +30,19 @@ MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 2, 4)]
 # "<mesh>+tokens": that mesh with micro-batches by a token budget (train.max_tokens_per_microbatch) of one
 # row per row shard (the prompt bucket + NEW_TOKENS <= 16 + 3): groups split over micro-batches and chips.
 TOKEN_BUDGET = {"train.max_tokens_per_microbatch": 19}
+# Meshes with a sequence axis, (data, fsdp, tensor, sequence): "2x1x1x4+tokens" is GRPO on data 2 x sequence
+# 4 with the token budget (19 x 4 tokens per row shard: 4 rows per micro-batch, each row's tokens over 4
+# chips); "1x2x1x4+ppo" is PPO (value model) on fsdp 2 x sequence 4, against "1x1x1+ppo" on one device.
+SEQUENCE_ITEMS = ["2x1x1x4+tokens", "1x2x1x4+ppo", "1x1x1+ppo"]
 BATCH_PROMPTS, GROUP, NEW_TOKENS = 8, 2, 3
 
 
-def config(mesh=(1, 1, 1), **overrides):
+def config(mesh=(1, 1, 1), algo: str = "grpo", **overrides):
     """GRPO with a KL term (so the reference model is used) on a tiny model: hidden 32, 4 heads, 2 KV
-    heads (tensor=2 divides both; tensor=4 does not divide the KV heads: replication fallback)."""
+    heads (tensor=2 divides both; tensor=4 does not divide the KV heads: replication fallback).
+    mesh: (data, fsdp, tensor[, sequence])."""
     import tiny
-    c = tiny.get_config("algo=grpo")
+    c = tiny.get_config(f"algo={algo}")
     c.seed = 0
     c.total_steps = 2
     c.model.hidden_size, c.model.num_layers, c.model.intermediate_size = 32, 1, 64
@@ -50,7 +55,8 @@ def config(mesh=(1, 1, 1), **overrides):
     c.log.progress, c.log.samples_every, c.log.tensorboard = False, 1, False
     c.export.at_end, c.export.plot = False, False
     c.eval.every_steps = 0
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh[:3]
+    c.mesh.sequence = mesh[3] if len(mesh) > 3 else 1
     apply_overrides(c, overrides)
     return c
 
@@ -154,11 +160,11 @@ def meshes(out_dir: str, items: list[str]):
         elif item == "errors":
             bad_input(out_dir, devices)
         else:
-            name, _, budget = item.partition("+")
+            name, *tags = item.split("+")
             mesh = tuple(int(v) for v in name.split("x"))
+            c = config(mesh, "ppo" if "ppo" in tags else "grpo", **(TOKEN_BUDGET if "tokens" in tags else {}))
             with Notes() as notes:
-                t = Trainer(config(mesh, **(TOKEN_BUDGET if budget else {})), os.path.join(out_dir, f"w_{item}"),
-                            devices=devices[:1] if mesh == (1, 1, 1) else devices)
+                t = Trainer(c, os.path.join(out_dir, f"w_{item}"), devices=devices[:1] if mesh == (1, 1, 1) else devices)
             extra = {"notes": notes.messages}
             if item == "2x2x2":
                 extra["kv_cache"] = kv_cache_layout(t)
@@ -222,6 +228,10 @@ def process(out_dir: str, coordinator: str, num_processes: int, process_id: int)
     with open(os.path.join(out_dir, f"process{process_id}.json"), "w") as f:
         json.dump({"metrics": [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history],
                    "helpers": helpers}, f)
+    # A sequence axis across the processes: sequence 8 over both hosts' devices (each row's tokens on 8 chips
+    # of 2 hosts; the sampler's rows over them too).
+    t = Trainer(config((1, 1, 1, 8)), os.path.join(out_dir, "w_2proc_seq"))
+    save_run(out_dir, "2proc_seq", t, t.run())
 
 
 if __name__ == "__main__":

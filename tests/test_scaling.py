@@ -28,7 +28,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "scaling_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from scaling_worker import BATCH_PROMPTS, GROUP, MESHES  # noqa: E402  (constants only: no jax there)
+from scaling_worker import BATCH_PROMPTS, GROUP, MESHES, SEQUENCE_ITEMS  # noqa: E402  (constants only: no jax)
 from xla_flags import with_flags  # noqa: E402  (the test run's fast-compile flags, tests/xla_flags.py)
 
 METRIC_RTOL, METRIC_ATOL = 1e-5, 1e-6
@@ -91,7 +91,8 @@ def jobs(tmp_path_factory):
     # before them in their half).
     j.start("meshes_a", [WORKER, "meshes", meshes, "1x1x1,2x2x2,1x4x2,restore,errors"], 8, meshes)
     j.start("meshes_b", [WORKER, "meshes", meshes, ",".join(["x".join(map(str, m)) for m in MESHES
-                                                              if m not in ((2, 2, 2), (1, 4, 2))] + ["2x2x2+tokens"])],
+                                                              if m not in ((2, 2, 2), (1, 4, 2))] + ["2x2x2+tokens"]
+                                                             + SEQUENCE_ITEMS)],
             8, meshes)
     coordinator = f"127.0.0.1:{_free_port()}"
     two = os.path.join(root, "two")
@@ -152,6 +153,21 @@ def test_token_budget_on_a_mesh_matches_one_device(jobs):
     assert_metrics_close(run["metrics"], base["metrics"], "2x2x2 by tokens")
     assert_params_close(params, base_params, PARAM_ATOL, "2x2x2 by tokens")
     assert all(m["policy/grad_norm"] > 1e-3 for m in run["metrics"])
+
+
+def test_sequence_axis_matches_one_device(jobs):
+    """mesh.sequence (context parallelism): two GRPO steps on data 2 x sequence 4 with the token budget, and
+    two PPO steps (value model, GAE) on fsdp 2 x sequence 4, equal the one-device runs (metrics, parameters):
+    each row's 16 + 3 tokens split over 4 chips in the score and update passes, the sampler's rows over
+    data x fsdp x sequence."""
+    out = wait_meshes(jobs)
+    for item, base_name in (("2x1x1x4+tokens", "1x1x1"), ("1x2x1x4+ppo", "1x1x1+ppo")):
+        base, base_params = load(out, base_name)
+        run, params = load(out, item)
+        assert_metrics_close(run["metrics"], base["metrics"], item)
+        assert_params_close(params, base_params, PARAM_ATOL, item)
+        assert all(m["policy/grad_norm"] > 1e-3 for m in run["metrics"]), item
+    assert run["metrics"][0]["value/grad_norm"] > 0  # the PPO run trained its value model too
 
 
 # The tiny model's parameters (hidden 32, 4 heads, 2 KV heads, head_dim 8, MLP 64, layers stacked first)
@@ -246,6 +262,9 @@ def test_two_processes_reproduce_one_process(jobs):
     assert_params_close(params, same_params, SAME_MESH_PARAM_ATOL, "2 processes vs 1 process")
     assert_metrics_close(run["metrics"], base["metrics"], "2 processes vs 1 device")
     assert_params_close(params, base_params, PARAM_ATOL, "2 processes vs 1 device")
+    seq, seq_params = load(two, "2proc_seq")  # mesh.sequence = 8 over both processes' devices
+    assert_metrics_close(seq["metrics"], base["metrics"], "2 processes, sequence 8, vs 1 device")
+    assert_params_close(seq_params, base_params, PARAM_ATOL, "2 processes, sequence 8, vs 1 device")
     # Both processes computed the same metrics (from all hosts' rows)...
     per_process = []
     for pid in range(2):

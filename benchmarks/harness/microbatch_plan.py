@@ -21,7 +21,7 @@ def micro_batches(c, n: int, mean: int, divisor: int) -> tuple[int, int]:
     rows packed, then split (trainer/packs.py `_split`)."""
     from jaxrl_llm.models.packing import pack_rows
     from jaxrl_llm.trainer.microbatches import rows_per_micro
-    budget, L = c.train.max_tokens_per_microbatch, c.train.pack_length
+    budget, L = c.train.max_tokens_per_microbatch * c.mesh.sequence, c.train.pack_length  # per row shard
     if not L:
         r = rows_per_micro(budget, c.data.max_prompt_length + c.rollout.max_new_tokens, divisor, n)
         return -(-n // r), r

@@ -151,6 +151,9 @@ def _env(c: ml_collections.ConfigDict) -> None:
     # A model turn also ends where its text first contains one of these (e.g. "</answer>", ReAct's
     # "Observation:"); the string stays in the turn, the tokens drawn after it are dropped.
     c.env.stop_strings = ()
+    # An episode an exception of the environment's step ended keeps its turns' rewards so far and counts in
+    # env/failed/<status>_frac; more than this fraction of a batch's episodes failing stops the run.
+    c.env.max_failed_frac = 0.5
 
 
 def _advantage(c: ml_collections.ConfigDict) -> None:

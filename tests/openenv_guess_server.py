@@ -5,15 +5,14 @@ answers the prompt "guess:"; each step's action is the model's turn (`GuessActio
 observation's `message` is '<', '>' or '?' and a right guess ends the episode with reward 1. So a
 training run through the `openenv` adapter must match the same run on the built-in `guess_digit`.
 
-Fault actions (the runner's fault tests send them as turn texts): "raise" (step raises), "hang" (step
-sleeps past any test's step timeout), "none" (the observation has no text: malformed), "nan" (a NaN
-reward: malformed), "die" (the server process exits).
+Fault actions (the fault tests send them as turn texts): "raise" (step raises), "hang" (step sleeps
+past any test's step timeout), "none" (the observation has no text: malformed). The server's death
+is a test's kill of its process.
 
 Served by `uvicorn tests.openenv_guess_server:app` (the adapter launches it: env.kwargs.app).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Optional
 
@@ -49,12 +48,8 @@ class GuessEnvironment(Environment):
             raise RuntimeError("the environment exploded")
         if text == "hang":
             time.sleep(60)
-        if text == "die":
-            os._exit(3)
         if text == "none":
             return GuessObservation(message=None)
-        if text == "nan":
-            return GuessObservation(message="<", reward=float("nan"))
         if len(text) != 1 or text not in "0123456789":
             return GuessObservation(message="?", reward=0.0)
         guess = int(text)

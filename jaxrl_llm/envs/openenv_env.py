@@ -187,7 +187,7 @@ class OpenEnvEnvironment(Environment):
             # The client bounds each answer by step_timeout_s; the margin covers the connection.
             return self._call(getattr(state.client, method)(*args, **kwargs), self.step_timeout_s + 10.0)
         except BaseException as e:
-            self.end(state)
+            self._release(state, wait=False)  # a hung session's close would wait on it
             if isinstance(e, TimeoutError):
                 raise TimeoutError(f"the OpenEnv server did not answer within env.kwargs.step_timeout_s="
                                    f"{self.step_timeout_s}") from None
@@ -214,7 +214,7 @@ class OpenEnvEnvironment(Environment):
         try:
             return self._render(result.observation), state
         except BaseException:
-            self.end(state)
+            self._release(state, wait=False)
             raise
 
     def step(self, state: _Episode, turn_text: str) -> StepResult:
@@ -225,12 +225,21 @@ class OpenEnvEnvironment(Environment):
         return StepResult(self._render(result.observation), result.reward, state)
 
     def end(self, state: _Episode) -> None:
+        self._release(state, wait=True)
+
+    def _release(self, state: _Episode, wait: bool) -> None:
+        """Closes the episode's session: waiting (at most _CLOSE_S), so that the server has freed it before
+        the next batch's resets, or not (a failed episode: its session may be stuck in a hung step)."""
         client, state.client = state.client, None
-        if client is not None:
-            try:
-                self._call(client.close(), _CLOSE_S)
-            except Exception:  # noqa: BLE001 - a dead server or a hung session: nothing left to release
-                pass
+        if client is None:
+            return
+        if not wait:
+            asyncio.run_coroutine_threadsafe(client.close(), self._loop)
+            return
+        try:
+            self._call(client.close(), _CLOSE_S)
+        except Exception:  # noqa: BLE001 - a dead server: nothing left to release
+            pass
 
     def _render(self, obs: Any):
         if self._render_fn is not None:

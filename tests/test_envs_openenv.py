@@ -10,6 +10,7 @@ the adapter as a subprocess on a localhost port (no network beyond localhost).
   one line; bad configs (missing package, no server named, an unknown option) are refused at start-up.
 """
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from jaxrl_llm.trainer import Trainer  # noqa: E402
 from test_trainer_multiturn import mt_config  # noqa: E402
 
 APP = "tests.openenv_guess_server:app"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,10 @@ def test_openenv_config_is_checked_at_start_up(monkeypatch):
     c = base.copy_and_resolve_references()
     c.env.kwargs = {"app": APP}
     config_lib.prepare(c)
+    spec = importlib.util.spec_from_file_location("tiny_openenv", os.path.join(ROOT, "configs", "tiny_openenv.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert config_lib.prepare(module.get_config()).env.kwargs.app == APP  # docs/environments.md's runnable config
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openenv" else find_spec(name, *a))
     with pytest.raises(ValueError, match=r"needs the openenv-core package: pip install openenv-core$"):

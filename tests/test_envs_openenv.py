@@ -97,8 +97,10 @@ def test_faults_end_their_episode_with_a_named_status(server):
                            ) as info:
             batch.check_failures(0.5)
         assert "\n" not in str(info.value) and "error" in str(info.value)
-        sessions = [s for s in batch.states]
-    assert all(s.client is None for s in sessions)  # every episode's session closed at the batch's end
+        sessions = list(batch.states)
+        idle = len(server._idle)
+    assert all(s.client is None for s in sessions)
+    assert len(server._idle) == idle + 2  # the healthy episodes' sessions serve later resets; the failed are closed
 
 
 def test_a_killed_server_ends_its_episodes_as_disconnected():

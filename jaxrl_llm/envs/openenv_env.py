@@ -109,9 +109,13 @@ class OpenEnvEnvironment(Environment):
         self._client_cls = GenericEnvClient
         self.app, self.reset_columns, self.chat = app, tuple(reset_columns), bool(chat)
         self.step_timeout_s, self._proc, self._log = float(step_timeout_s), None, None
+        self._idle: list = []  # connected clients whose episode is over: their sessions serve the next resets
+        self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()  # every episode's client runs on this one loop
-        thread = threading.Thread(target=self._loop.run_forever, name="openenv-client", daemon=True)
-        thread.start()
+        running = threading.Event()
+        self._loop.call_soon(running.set)
+        threading.Thread(target=self._loop.run_forever, name="openenv-client", daemon=True).start()
+        running.wait()
         if app:
             self._log = tempfile.TemporaryFile()  # the server's output: its last line names why it died
             self._proc, self.base_url = _launch(app, self._log)
@@ -164,13 +168,24 @@ class OpenEnvEnvironment(Environment):
         return ConnectionError(f"lost the OpenEnv server at {self.base_url}: {type(error).__name__}: {error}")
 
     def close(self) -> None:
-        """Stops the client loop and the server launched here (also done at exit)."""
+        """Closes the idle sessions, stops the client loop and the server launched here (the last two also
+        at exit)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            self._release(_Episode(client), wait=True)
         self._finalizer()
 
     # -- episodes -----------------------------------------------------------------------------------
 
+    def _submit(self, coro) -> concurrent.futures.Future:
+        if not self._loop.is_running():  # closed: the coroutine would never run
+            coro.close()
+            raise ConnectionError("the openenv environment is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def _call(self, coro, timeout_s: float):
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = self._submit(coro)
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
@@ -201,9 +216,19 @@ class OpenEnvEnvironment(Environment):
         missing = [c for c in self.reset_columns if c not in row]
         if missing:
             raise ValueError(f"env.kwargs.reset_columns names {missing}, not columns of the dataset ({sorted(row)})")
-        state = _Episode(self._client_cls(self.base_url, message_timeout_s=self.step_timeout_s))
+        kwargs = {c: _plain(row[c]) for c in self.reset_columns}
+        with self._lock:
+            client = self._idle.pop() if self._idle else None
         try:
-            result = self._client_call(state, "reset", **{c: _plain(row[c]) for c in self.reset_columns})
+            if client is not None:  # a session an earlier episode ended: reset it (no new connection)
+                try:
+                    state = _Episode(client)
+                    result = self._client_call(state, "reset", **kwargs)
+                except (ConnectionError, RuntimeError):  # the server closed or reaped it: a new session
+                    client = None
+            if client is None:
+                state = _Episode(self._client_cls(self.base_url, message_timeout_s=self.step_timeout_s))
+                result = self._client_call(state, "reset", **kwargs)
         except RuntimeError as e:
             if "CAPACITY_REACHED" in str(e):
                 raise RuntimeError(f"{e}: the OpenEnv server holds fewer sessions than a batch runs episodes "
@@ -222,19 +247,31 @@ class OpenEnvEnvironment(Environment):
         result = self._client_call(state, "step", action)
         if result.done:
             return StepResult(None, result.reward, state)
-        return StepResult(self._render(result.observation), result.reward, state)
+        try:
+            return StepResult(self._render(result.observation), result.reward, state)
+        except BaseException:  # the episode fails: its session is not handed to another
+            self._release(state, wait=False)
+            raise
 
     def end(self, state: _Episode) -> None:
-        self._release(state, wait=True)
+        """The episode's session goes back to the idle ones, for a later episode's reset; a failed
+        episode's was already closed."""
+        client, state.client = state.client, None
+        if client is not None:
+            with self._lock:
+                self._idle.append(client)
 
     def _release(self, state: _Episode, wait: bool) -> None:
-        """Closes the episode's session: waiting (at most _CLOSE_S), so that the server has freed it before
-        the next batch's resets, or not (a failed episode: its session may be stuck in a hung step)."""
+        """Closes the episode's session: waiting (at most _CLOSE_S) or not (a failed episode: its session
+        may be stuck in a hung step)."""
         client, state.client = state.client, None
         if client is None:
             return
         if not wait:
-            asyncio.run_coroutine_threadsafe(client.close(), self._loop)
+            try:
+                self._submit(client.close())
+            except ConnectionError:
+                pass
             return
         try:
             self._call(client.close(), _CLOSE_S)

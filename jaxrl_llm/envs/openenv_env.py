@@ -11,8 +11,9 @@ action built from the model's turn -- `{action_field: turn_text}`, the field def
 schema's one string field, or `action="module:function"` (turn_text -> an Action or a dict) -- and
 returns the server's reward; `done` ends the episode, otherwise the rendered observation is the next
 turn (`observation_field`, defaulting to the observation schema's one string field, or
-`observation="module:function"` (the observation dict -> a text or messages)). `end(state)` closes the
-session when the batch is over.
+`observation="module:function"` (the observation dict -> a text or messages)). `end(state)` keeps the
+session for a later episode's reset (sessions are opened once, not per episode); a failed episode's
+session is closed.
 
 Faults end the episode with a named status (envs/base.py `failure_status`): a step that raised on the
 server (`error`), no answer within `step_timeout_s` (`timeout`), an observation without its text

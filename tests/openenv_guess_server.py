@@ -9,7 +9,8 @@ Fault actions (the fault tests send them as turn texts): "raise" (step raises), 
 past any test's step timeout), "none" (the observation has no text: malformed). The server's death
 is a test's kill of its process.
 
-Served by `uvicorn tests.openenv_guess_server:app` (the adapter launches it: env.kwargs.app).
+Served by `uvicorn tests.openenv_guess_server:app` (the adapter launches it: env.kwargs.app);
+`app_one_session` is the same environment served for one session at a time.
 """
 from __future__ import annotations
 
@@ -63,3 +64,5 @@ class GuessEnvironment(Environment):
 
 
 app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=256)
+# openenv-core's default: one session at a time (a batch of two episodes is refused)
+app_one_session = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation)

@@ -7,7 +7,8 @@ the adapter as a subprocess on a localhost port (no network beyond localhost).
   guess_digit, which the server reimplements (same seed: same episodes, rewards, metrics);
 - faults (a step that raises, hangs past its timeout, returns no text; a killed server) end their
   episode with a named status, counted, the batch goes on; most of a batch failing stops the run in
-  one line; bad configs (missing package, no server named, an unknown option) are refused at start-up.
+  one line; a one-session server refuses a batch in one line; bad configs (missing package, no server
+  named, an unknown option) are refused at start-up.
 """
 import importlib.util
 import os
@@ -103,19 +104,26 @@ def test_faults_end_their_episode_with_a_named_status(server):
     assert len(server._idle) == idle + 2  # the healthy episodes' sessions serve later resets; the failed are closed
 
 
-def test_a_killed_server_ends_its_episodes_as_disconnected():
-    """The server process dies between turns: every active episode ends `disconnected`, naming the exit
-    code; the next batch's reset stops the run with one line."""
-    env = envs.make_env("openenv", {"app": APP, "reset_columns": ("hidden",), "step_timeout_s": 10.0})
+def test_one_session_server_refuses_a_batch_and_a_killed_server_disconnects():
+    """openenv-core's default server holds one session: a batch of two episodes stops at the second reset
+    with one line saying what to serve; the first episode's session is released and serves the next batch.
+    Then the server process dies between turns: the episode ends `disconnected`, naming the exit code, and
+    the next batch's reset stops the run with one line."""
+    env = envs.make_env("openenv", {"app": APP + "_one_session", "reset_columns": ("hidden",),
+                                    "step_timeout_s": 10.0})
     try:
-        with envs.EpisodeBatch(env, [{"hidden": h} for h in (3, 4, 5)], max_turns=3) as batch:
-            assert batch.step(["5", "5", "6"]) == ["<", "<", "<"]
+        with pytest.raises(ValueError, match="reset raised on row 1: RuntimeError: .*CAPACITY_REACHED.*: the OpenEnv "
+                           "server holds fewer sessions than a batch runs episodes .*max_concurrent_envs") as info:
+            envs.EpisodeBatch(env, [{"hidden": 3}, {"hidden": 4}], max_turns=3)
+        assert "\n" not in str(info.value)
+        with envs.EpisodeBatch(env, [{"hidden": 3}], max_turns=3) as batch:
+            assert batch.step(["5"]) == ["<"]
             env._proc.kill()
             env._proc.wait()
-            assert batch.step(["3", "4", "5"]) == [None] * 3
-            assert batch.status == ["disconnected"] * 3
+            assert batch.step(["3"]) == [None]
+            assert batch.status == ["disconnected"]
             assert "exited with code -9" in batch.last_error[0]
-            with pytest.raises(envs.EnvironmentFailed, match="disconnected 3 here; the most common, disconnected"):
+            with pytest.raises(envs.EnvironmentFailed, match="disconnected 1 here; the most common, disconnected"):
                 batch.check_failures(0.5)
         with pytest.raises(ValueError, match="reset raised on row 0: ConnectionError: the OpenEnv server") as info:
             envs.EpisodeBatch(env, [{"hidden": 1}], max_turns=1)

@@ -8,9 +8,10 @@ the environment's state can no longer be trusted. The turn earns no reward, the 
 grows, the episode gets a named status (`base.failure_status`: error, timeout, malformed, disconnected),
 counted in `env/failed/<status>_frac` and logged once per batch, and the run goes on -- unless more than
 `max_failed_frac` of the batch's episodes failed (`check_failures`): then the run stops with one line
-naming the most common status and an example. Errors the environment handles itself (a malformed tool call, a tool that
-raised) are not exceptions: it replies with an error observation, the episode goes on, and it reports
-them in `info["errors"]`, which count in `env/errors/mean` too.
+naming the most common status and an example. Errors the environment handles itself (a malformed tool
+call, a tool that raised) are not exceptions: it replies with an error observation, the episode goes on,
+and it reports them in `info["errors"]`, which count in `env/errors/mean` too. When the batch is over,
+`env.end(state)` releases each episode (a server session).
 """
 from __future__ import annotations
 

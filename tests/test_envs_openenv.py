@@ -157,7 +157,8 @@ def test_openenv_config_is_checked_at_start_up(monkeypatch):
     spec.loader.exec_module(module)
     assert config_lib.prepare(module.get_config()).env.kwargs.app == APP  # docs/environments.md's runnable config
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openenv" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "openenv" else find_spec(name, *a))
     with pytest.raises(ValueError, match=r"needs the openenv-core package: pip install openenv-core$"):
         config_lib.prepare(c)
 

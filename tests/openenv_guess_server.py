@@ -63,6 +63,16 @@ class GuessEnvironment(Environment):
         return self._state
 
 
+def stripped_action(turn_text: str) -> GuessAction:
+    """A typed action builder (env.kwargs.action): the turn without surrounding spaces."""
+    return GuessAction(text=turn_text.strip())
+
+
+def reply_text(observation: dict) -> str:
+    """An observation renderer (env.kwargs.observation)."""
+    return f"reply: {observation['message']}"
+
+
 app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=256)
 # openenv-core's default: one session at a time (a batch of two episodes is refused)
 app_one_session = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation)

@@ -78,6 +78,23 @@ def test_episodes_match_the_openenv_client(server):
     assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0]  # 3 and 5 found at turn 2, 7 at turn 3, 0 never
 
 
+def test_action_builder_renderer_and_chat_turns(server):
+    """env.kwargs.action builds a typed Action from the turn, env.kwargs.observation renders the reply,
+    chat=True gives the prompt and the replies as user messages (a second adapter on the same server)."""
+    env = envs.make_env("openenv", {"base_url": server.base_url, "reset_columns": ("hidden",), "chat": True,
+                                    "action": "tests.openenv_guess_server:stripped_action",
+                                    "observation": "tests.openenv_guess_server:reply_text"})
+    try:
+        with envs.EpisodeBatch(env, [{"hidden": 2}], max_turns=3) as batch:
+            assert batch.prompts == [[{"role": "user", "content": "reply: guess:"}]]
+            assert batch.step([" 7 "]) == [[{"role": "user", "content": "reply: <"}]]
+            assert batch.step(["2\n"]) == [None] and batch.episode_rewards().tolist() == [1.0]
+            assert batch.history[0][-1] == {"role": "assistant", "content": "2\n"}
+    finally:
+        env.close()
+    assert env._proc is None  # nothing launched: the module's server goes on
+
+
 def test_faults_end_their_episode_with_a_named_status(server):
     """A step that raises on the server, one that hangs past step_timeout_s and one whose observation has
     no text each end their episode (error, timeout, malformed: counted in env/failed/*); the healthy

@@ -112,6 +112,7 @@ class OpenEnvEnvironment(Environment):
         self.step_timeout_s, self._proc, self._log = float(step_timeout_s), None, None
         self._idle: list = []  # connected clients whose episode is over: their sessions serve the next resets
         self._lock = threading.Lock()
+        self._closing: set = set()  # failed episodes' session closes in flight
         self._loop = asyncio.new_event_loop()  # every episode's client runs on this one loop
         running = threading.Event()
         self._loop.call_soon(running.set)
@@ -173,8 +174,10 @@ class OpenEnvEnvironment(Environment):
         at exit)."""
         with self._lock:
             idle, self._idle = self._idle, []
+            closing = list(self._closing)
         for client in idle:
             self._release(_Episode(client), wait=True)
+        concurrent.futures.wait(closing, timeout=_CLOSE_S)  # closes started, not dropped by the loop's stop
         self._finalizer()
 
     # -- episodes -----------------------------------------------------------------------------------
@@ -270,9 +273,12 @@ class OpenEnvEnvironment(Environment):
             return
         if not wait:
             try:
-                self._submit(client.close())
+                future = self._submit(client.close())
             except ConnectionError:
-                pass
+                return
+            with self._lock:
+                self._closing.add(future)
+            future.add_done_callback(self._closing.discard)
             return
         try:
             self._call(client.close(), _CLOSE_S)

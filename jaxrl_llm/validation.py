@@ -13,7 +13,7 @@ import ml_collections
 from jaxrl_llm import rl
 from jaxrl_llm.data import reasoning_gym as rgym
 from jaxrl_llm.data.config import validate_data_config
-from jaxrl_llm.envs.registry import check_env_name
+from jaxrl_llm.envs.registry import check_env_config, check_env_name
 from jaxrl_llm.presets import ALGOS
 
 # model.attention: the names of models.kernels.ATTENTION_IMPLS (config may not import models; a test
@@ -373,6 +373,9 @@ def _validate_env(c) -> None:
     _check(c, "env.max_workers", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "env.stop_strings", lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v),
            "a tuple of non-empty strings")
+    _check(c, "env.max_failed_frac", lambda v: _is_num(v) and 0 <= v <= 1, "a fraction in [0, 1] (1 = never stop)")
+    if c.env.name:
+        check_env_config(c.env.name, c.env.kwargs.to_dict())
     if c.env.name and rl.ESTIMATORS.get(c.advantage.estimator) and rl.ESTIMATORS[c.advantage.estimator].process:
         raise ValueError(f"config.advantage.estimator={c.advantage.estimator!r} reads process rewards, which "
                          "index a single-turn completion's tokens; it cannot be used with env.name")

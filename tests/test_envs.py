@@ -105,6 +105,65 @@ def test_batch_runner_matches_a_plain_loop(workers):
     assert m["env/tool_calls/mean"] == pytest.approx(np.mean(calls))
 
 
+class FaultEnv(Environment):
+    """A step's turn text picks its fault: 'slow' (TimeoutError), 'gone' (ConnectionError), 'bad' (an
+    observation that is a dict), 'raise' (RuntimeError); anything else replies 'ok'. `ended` records each
+    state `end` got."""
+
+    def __init__(self):
+        self.ended = []
+
+    def reset(self, row):
+        if row.get("fail"):
+            raise KeyError("no such column")
+        return "q", {"row": row["i"]}
+
+    def step(self, state, text):
+        if text == "slow":
+            raise TimeoutError("no answer within 1 s")
+        if text == "gone":
+            raise ConnectionError("server exited with code -9")
+        if text == "raise":
+            raise RuntimeError("boom")
+        return StepResult({"oops": 1} if text == "bad" else "ok", 1.0, state)
+
+    def end(self, state):
+        self.ended.append(state["row"])
+
+
+def test_failed_episodes_have_named_statuses_and_most_failing_stops_the_run():
+    """Each exception type names its episode's status (env/failed/<status>_frac); the other episodes go on;
+    `end` releases every episode once, failed or not, also when a reset fails midway; more than
+    max_failed_frac failed raises one line naming the most common status and an example."""
+    env = FaultEnv()
+    with EpisodeBatch(env, [{"i": i} for i in range(6)], max_turns=2) as batch:
+        assert batch.step(["slow", "gone", "bad", "raise", "gone", "fine"]) == [None] * 5 + ["ok"]
+        assert batch.status == ["timeout", "disconnected", "malformed", "error", "disconnected", ""]
+        assert batch.last_error[1] == "ConnectionError: server exited with code -9"
+        batch.step([None] * 5 + ["fine"])
+        assert batch.episode_rewards().tolist() == [0] * 5 + [2]
+        m = batch.metrics()
+        assert [m[f"env/failed/{s}_frac"] for s in envs.FAILURE_STATUSES] == pytest.approx([1 / 6, 1 / 6, 1 / 6, 2 / 6])
+        assert m["env/aborted_frac"] == pytest.approx(5 / 6)
+        batch.check_failures(1.0)
+        with pytest.raises(envs.EnvironmentFailed) as info:
+            batch.check_failures(0.5)
+        assert str(info.value) == (
+            "environment FaultEnv: 5 of 6 episodes of a batch failed (more than env.max_failed_frac=0.5): "
+            "disconnected 2, timeout 1, malformed 1, error 1 here; the most common, disconnected: ConnectionError: "
+            "server exited with code -9; the run stops")
+        # another process's failures count (the gathered flags), this one names none
+        with pytest.raises(envs.EnvironmentFailed, match="ran on other processes"):
+            EpisodeBatch(env, [{"i": 9}], max_turns=1).check_failures(0.5, lambda x: np.ones(4, bool))
+        assert env.ended == []
+    assert sorted(env.ended) == [0, 1, 2, 3, 4, 5]
+    env.ended.clear()
+    with pytest.raises(ValueError, match="reset raised on row 2"):
+        EpisodeBatch(env, [{"i": 0}, {"i": 1}, {"fail": True}], max_turns=1)
+    assert env.ended == [0, 1]  # the sessions of the rows reset before it are released
+    assert envs.failure_status(envs.MalformedResult("x")) == "malformed"
+
+
 class ThreadLog(Environment):
     """Records which thread ran each step and how many ran at once. A step of a row in `slow` takes
     10 ms on `clock` (what the runner reads) and sleeps 30 ms (so that steps can overlap); the others
@@ -217,6 +276,7 @@ def test_env_config_is_off_by_default_and_validated():
                             ({"env.max_workers": 0}, "config.env.max_workers must be an int >= 1"),
                             ({"env.stop_strings": ("</a>", "")}, "config.env.stop_strings must be a tuple of non-empty"),
                             ({"env.stop_strings": "</a>"}, "config.env.stop_strings"),
+                            ({"env.max_failed_frac": 1.5}, "config.env.max_failed_frac must be a fraction in"),
                             ({"reward.functions": ""}, "reward.functions is empty")]:
         with pytest.raises(ValueError, match=message) as info:
             _prepare(**fields)

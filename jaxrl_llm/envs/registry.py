@@ -16,6 +16,12 @@ _REGISTRY: dict[str, Callable[..., Any]] = {}
 _BUILTINS = {
     "guess_digit": "jaxrl_llm.envs.guess:GuessDigitEnv",
     "tools": "jaxrl_llm.envs.tools:ToolEnvironment",
+    "openenv": "jaxrl_llm.envs.openenv_env:OpenEnvEnvironment",
+}
+# Built-ins whose config can be checked before anything is loaded: name -> 'module:function(kwargs)'
+# raising a one-line ValueError (a missing package, a missing option).
+_CONFIG_CHECKS = {
+    "openenv": "jaxrl_llm.envs.openenv_env:check_config",
 }
 
 
@@ -51,11 +57,21 @@ def check_env_name(name: str) -> None:
                          f"{', '.join(registered_envs())} (or an import path 'package.module:Class')")
 
 
+def check_env_config(name: str, kwargs: Mapping[str, Any] | None = None) -> None:
+    """The start-up check of a built-in environment's `env.kwargs` and packages (one-line ValueError)."""
+    check_env_name(name)
+    if name in _CONFIG_CHECKS:
+        module, _, attr = _CONFIG_CHECKS[name].partition(":")
+        getattr(importlib.import_module(module), attr)(dict(kwargs or {}))
+
+
 def make_env(name: str, kwargs: Mapping[str, Any] | None = None):
     """The environment `name` built with `kwargs`; one-line ValueErrors for unknown names or options."""
     check_env_name(name)
     if not name:
         raise ValueError("config.env.name is empty: no environment to build")
+    if name in _CONFIG_CHECKS:
+        check_env_config(name, kwargs)
     if ":" in name:
         target = _import(name)
     else:

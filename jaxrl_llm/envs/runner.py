@@ -5,20 +5,29 @@ Errors: an exception raised by `reset` is the environment's bug on a data row an
 one-line ValueError naming the row). An exception raised by `step`, or a malformed return (an
 observation that is neither text, messages nor None; a NaN or non-numeric reward), ends that episode:
 the environment's state can no longer be trusted. The turn earns no reward, the row's error count
-grows, the run goes on. Errors the environment handles itself (a malformed tool call, a tool that
-raised) are not exceptions: it replies with an error observation, the episode goes on, and it reports
-them in `info["errors"]`, which count in `env/errors/mean` too.
+grows, the episode gets a named status (`base.failure_status`: error, timeout, malformed, disconnected),
+counted in `env/failed/<status>_frac` and logged once per batch, and the run goes on -- unless more than
+`max_failed_frac` of the batch's episodes failed (`check_failures`): then the run stops with one line
+naming the most common status and an example. Errors the environment handles itself (a malformed tool
+call, a tool that raised) are not exceptions: it replies with an error observation, the episode goes on,
+and it reports them in `info["errors"]`, which count in `env/errors/mean` too. When the batch is over,
+`env.end(state)` releases each episode (a server session).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.envs.base import Observation, StepResult, check_observation, check_reward
+from jaxrl_llm.envs.base import (FAILURE_STATUSES, MalformedResult, Observation, StepResult, check_observation,
+                                  check_reward, failure_status)
+
+log = logging.getLogger(__name__)
 
 # A row's step that returns within this runs the next one in the calling thread: handing a step to a pool
 # thread costs tens of microseconds under the GIL, more than a simple environment's whole step (the
@@ -33,6 +42,10 @@ def as_messages(obs: Observation) -> list[dict]:
     if isinstance(obs, str):
         return [{"role": "user", "content": obs}]
     return [dict(m) for m in obs]
+
+
+class EnvironmentFailed(RuntimeError):
+    """Most episodes of a batch failed (`EpisodeBatch.check_failures`): the run stops."""
 
 
 class EpisodeBatch:
@@ -52,6 +65,7 @@ class EpisodeBatch:
             try:
                 prompt, state = env.reset(row)
             except Exception as e:  # noqa: BLE001
+                self._end_all()  # the episodes reset so far release what they hold
                 raise ValueError(f"environment {type(env).__name__}.reset raised on row {i}: "
                                  f"{type(e).__name__}: {e}") from e
             if not isinstance(prompt, str):
@@ -67,12 +81,29 @@ class EpisodeBatch:
         self.tool_calls = np.zeros(n, np.int32)
         self.turn_rewards: list[list[float | None]] = [[] for _ in range(n)]
         self.last_error: list[str] = [""] * n
+        self.status: list[str] = [""] * n  # a failed episode's FAILURE_STATUSES entry; "" otherwise
         self.max_workers = max_workers
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # started by the first slow step
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+            self._pool = None
+        self._end_all()
+
+    def _end_all(self) -> None:
+        """`env.end(state)` once for each episode (an environment without `end` has nothing to release)."""
+        end = getattr(self.env, "end", None)
+        states, self.states = self.states, [None] * len(self.states)
+        if not callable(end):
+            return
+        for state in states:
+            if state is None:
+                continue
+            try:
+                end(state)
+            except Exception as e:  # noqa: BLE001 - releasing must not stop the run
+                log.warning("environment %s.end raised: %s: %s", type(self.env).__name__, type(e).__name__, e)
 
     def __enter__(self):
         return self
@@ -96,12 +127,12 @@ class EpisodeBatch:
         results = self._run(active, turn_texts)
         out: list[Observation] = [None] * n
         stop = cannot_continue if cannot_continue is not None else [False] * n
-        for i, (result, error) in zip(active, results):
+        for i, (result, error, status) in zip(active, results):
             self.turns[i] += 1
             if error is not None:
                 self.errors[i] += 1
                 self.aborted[i] = self.done[i] = True
-                self.last_error[i] = error
+                self.last_error[i], self.status[i] = error, status
                 self.turn_rewards[i].append(None)
                 continue
             self.states[i] = result.state
@@ -133,16 +164,41 @@ class EpisodeBatch:
             results += self._pool.map(step, active[k:])
         return results
 
-    def _step_one(self, i: int, text: str) -> tuple[StepResult | None, str | None]:
+    def _step_one(self, i: int, text: str) -> tuple[StepResult | None, str | None, str]:
+        """(result, None, "") or, when the episode fails, (None, the error in one line, its status)."""
         try:
             result = self.env.step(self.states[i], text)
             if not isinstance(result, StepResult):
-                raise ValueError(f"step returned {type(result).__name__}, not a StepResult")
+                raise MalformedResult(f"step returned {type(result).__name__}, not a StepResult")
             check_observation(result.observation)
             reward = check_reward(result.reward)
-            return StepResult(result.observation, reward, result.state, dict(result.info or {})), None
+            return StepResult(result.observation, reward, result.state, dict(result.info or {})), None, ""
         except Exception as e:  # noqa: BLE001 - the episode ends, the run goes on
-            return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", \
+                failure_status(e)
+
+    def check_failures(self, max_failed_frac: float = 1.0, gather=None) -> None:
+        """Logs this batch's failed episodes (one line: the count of each status and an example) and
+        raises EnvironmentFailed, one line naming the most common status and an example, when more than
+        `max_failed_frac` of the episodes failed (over every process's with `gather`, as `metrics`)."""
+        gather = gather or (lambda x: x)
+        failed = [i for i, s in enumerate(self.status) if s]
+        counts = collections.Counter(self.status[i] for i in failed)
+        example = {s: self.last_error[i] for i in reversed(failed) for s in [self.status[i]]}
+        if failed:
+            log.warning("environment %s: %d of %d episodes failed: %s", type(self.env).__name__, len(failed),
+                        len(self.status), "; ".join(f"{s} {k} ({example[s]})" for s, k in counts.most_common()))
+        everyone = gather(np.asarray([bool(s) for s in self.status]))
+        if everyone.size and everyone.mean() > max_failed_frac:
+            if failed:
+                top = counts.most_common(1)[0][0]
+                cause = (f"{', '.join(f'{s} {k}' for s, k in counts.most_common())} here; the most common, "
+                         f"{top}: {example[top]}")
+            else:
+                cause = "the failed episodes ran on other processes"
+            raise EnvironmentFailed(f"environment {type(self.env).__name__}: {int(everyone.sum())} of {everyone.size} "
+                                    f"episodes of a batch failed (more than env.max_failed_frac={max_failed_frac}): "
+                                    f"{cause}; the run stops")
 
     def episode_rewards(self) -> np.ndarray:
         """(N,) float32: the sum of each episode's turn rewards (None counts 0)."""
@@ -150,19 +206,24 @@ class EpisodeBatch:
 
     def metrics(self, gather=None) -> dict[str, float]:
         """`env/turns/mean`, `env/tool_calls/mean`, `env/errors/mean`, `env/aborted_frac`,
-        `env/reward/mean` and `env/reward/turn{k}/mean` (over the episodes that reached turn k).
+        `env/failed/<status>_frac` (each of FAILURE_STATUSES), `env/reward/mean` and
+        `env/reward/turn{k}/mean` (over the episodes that reached turn k).
         gather: (n, ...) array -> the rows of every process (in process order), for metrics over all of
         them; None: these episodes'."""
         gather = gather or (lambda x: x)
         rewards = np.full((len(self.turn_rewards), self.max_turns), np.nan)  # NaN: turn not reached
         for i, rs in enumerate(self.turn_rewards):
             rewards[i, :len(rs)] = [r or 0.0 for r in rs]
-        turns, tool_calls, errors, aborted, total, rewards = (
+        status = np.asarray([[s == name for name in FAILURE_STATUSES] for s in self.status], bool
+                            ).reshape(len(self.status), len(FAILURE_STATUSES))
+        turns, tool_calls, errors, aborted, total, rewards, status = (
             gather(np.asarray(x)) for x in (self.turns, self.tool_calls, self.errors, self.aborted,
-                                             self.episode_rewards(), rewards))
+                                             self.episode_rewards(), rewards, status))
         out = {"env/turns/mean": float(turns.mean()), "env/tool_calls/mean": float(tool_calls.mean()),
                "env/errors/mean": float(errors.mean()), "env/aborted_frac": float(aborted.mean()),
                "env/reward/mean": float(total.mean())}
+        for name, frac in zip(FAILURE_STATUSES, status.mean(0)):
+            out[f"env/failed/{name}_frac"] = float(frac)
         for k in range(rewards.shape[1]):
             reached = ~np.isnan(rewards[:, k])
             if reached.any():

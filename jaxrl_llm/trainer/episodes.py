@@ -74,13 +74,14 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0, repetition_penalty: float = 1.0, min_p: float = 0.0,
                     pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
-                    stop_strings: Sequence[str] = ()) -> Episodes:
+                    stop_strings: Sequence[str] = (), max_failed_frac: float = 1.0) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
     bound but the episode's). group_size G: rows i*G .. i*G+G-1 are one prompt's group and must get the
     same prompt from `env.reset`; the sampler prefills it once for the G of them. stop_strings: a turn
     also ends where its text first contains one (kept in the turn; later tokens are dropped and the
-    row's cache rewound)."""
+    row's cache rewound). max_failed_frac: more than this fraction of the episodes failed (an exception of
+    the environment's step: `EpisodeBatch.check_failures`) stops the run with EnvironmentFailed."""
     stop_ids = envs.turn_end_ids(tokenizer)
     # EOS ends the episode, unless the template ends turns with it (Qwen2.5-Instruct's EOS is <|im_end|>).
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
@@ -136,6 +137,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
             if dist.any_process(any(appended)):
                 state = turns.append(mc, params, state, dist.allgather_lists(appended), pad_id=pad_id)
+        batch.check_failures(max_failed_frac, dist.allgather_rows)
         out = _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
         if state.routes is None:
             return out

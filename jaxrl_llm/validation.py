@@ -316,18 +316,21 @@ def _validate_token_budget(c, longest) -> None:
     shard: its mesh.sequence = C chips hold C times the budget (a row's tokens split over them)."""
     budget, pack = c.train.max_tokens_per_microbatch, c.train.pack_length
     seq = c.mesh.sequence if _is_int(c.mesh.sequence) and c.mesh.sequence > 0 else 1
-    shard = f" x mesh.sequence {seq} = {budget * seq}" if seq > 1 else ""
     _check(c, "train.max_tokens_per_microbatch", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = off)")
     if budget and c.train.grad_accum != 1:
         _fail("train.grad_accum", "1 with train.max_tokens_per_microbatch > 0 (the token budget sets the "
               "micro-batches)", c.train.grad_accum)
+
+    def over(tokens: int) -> str:  # a row's tokens split over the sequence axis
+        if seq == 1:
+            return " (or a mesh.sequence axis to split it over chips)"
+        return f" over mesh.sequence = {seq} chips: {-(-tokens // seq)} per chip"
     if budget and pack and budget * seq < pack:
-        _fail("train.max_tokens_per_microbatch", f"0 (off) or room for one packed row{shard}: train.pack_length = "
-              f"{pack} tokens (or a larger mesh.sequence)", budget)
+        _fail("train.max_tokens_per_microbatch", f"0 (off) or room for one packed row, train.pack_length = {pack} "
+              f"tokens{over(pack)}", budget)
     if budget and not pack and _is_int(longest) and budget * seq < longest:
-        _fail("train.max_tokens_per_microbatch", f"0 (off) or room for the longest row{shard}: "
-              f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or a larger mesh.sequence)",
-              budget)
+        _fail("train.max_tokens_per_microbatch", "0 (off) or room for the longest row, data.max_prompt_length + "
+              f"rollout.max_new_tokens = {longest} tokens{over(longest)}", budget)
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")

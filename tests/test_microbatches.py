@@ -133,10 +133,13 @@ def optax_norm(tree):
 
 
 def test_a_budget_below_the_longest_row_is_refused(tmp_path):
-    for overrides, match in (({"train.max_tokens_per_microbatch": 18}, "at least the longest row, "
-                              r"data.max_prompt_length \+ rollout.max_new_tokens = 19 tokens, got 18"),
+    for overrides, match in (({"train.max_tokens_per_microbatch": 18}, "room for the longest row, "
+                              r"data.max_prompt_length \+ rollout.max_new_tokens = 19 tokens \(or a mesh.sequence "
+                              r"axis to split it over chips\), got 18"),
+                             ({"train.max_tokens_per_microbatch": 9, "mesh.sequence": 2},  # a row over 2 chips
+                              r"= 19 tokens over mesh.sequence = 2 chips: 10 per chip, got 9"),
                              ({"train.max_tokens_per_microbatch": 30, "train.pack_length": 32},
-                              "at least one packed row, train.pack_length = 32 tokens, got 30"),
+                              "room for one packed row, train.pack_length = 32 tokens"),
                              ({"train.max_tokens_per_microbatch": 40, "train.grad_accum": 2},
                               r"config.train.grad_accum must be 1 with train.max_tokens_per_microbatch > 0")):
         with pytest.raises(ValueError, match=match):

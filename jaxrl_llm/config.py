@@ -143,7 +143,7 @@ def _env(c: ml_collections.ConfigDict) -> None:
     """Multi-turn episodes."""
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()
-    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools) or "module:Class"
+    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools, agent) or "module:Class"
     c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the environment: env.kwargs.<arg>
     c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
     c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens
@@ -151,6 +151,9 @@ def _env(c: ml_collections.ConfigDict) -> None:
     # A model turn also ends where its text first contains one of these (e.g. "</answer>", ReAct's
     # "Observation:"); the string stays in the turn, the tokens drawn after it are dropped.
     c.env.stop_strings = ()
+    # A batch where more than this fraction of episodes failed (the environment or agent raised, hung past
+    # its timeout, returned no number, ...) stops the run with one line naming the cause; fewer are counted.
+    c.env.max_failed_frac = 0.5
 
 
 def _advantage(c: ml_collections.ConfigDict) -> None:

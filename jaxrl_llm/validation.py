@@ -345,6 +345,7 @@ def _validate_env(c) -> None:
     _check(c, "env.max_turn_tokens", lambda v: _is_int(v) and 0 <= v <= c.rollout.max_new_tokens,
            "an int in [0, rollout.max_new_tokens] (0 = rollout.max_new_tokens)")
     _check(c, "env.max_workers", lambda v: _is_int(v) and v >= 1, "an int >= 1")
+    _check(c, "env.max_failed_frac", lambda v: _is_num(v) and 0 <= v <= 1, "a fraction in [0, 1]")
     _check(c, "env.stop_strings", lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) and x for x in v),
            "a tuple of non-empty strings")
     if c.env.name and rl.ESTIMATORS.get(c.advantage.estimator) and rl.ESTIMATORS[c.advantage.estimator].process:

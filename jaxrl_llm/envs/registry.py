@@ -16,6 +16,7 @@ _REGISTRY: dict[str, Callable[..., Any]] = {}
 _BUILTINS = {
     "guess_digit": "jaxrl_llm.envs.guess:GuessDigitEnv",
     "tools": "jaxrl_llm.envs.tools:ToolEnvironment",
+    "agent": "jaxrl_llm.envs.endpoint:AgentEnvironment",
 }
 
 

@@ -221,7 +221,8 @@ class Evaluator:
                                  repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                                  pad_id=self.pad_id,
                                  max_workers=c.env.max_workers, group_size=k,
-                                 stop_strings=tuple(c.env.stop_strings))
+                                 stop_strings=tuple(c.env.stop_strings),
+                                 max_failed_frac=c.env.max_failed_frac)
         turns = [len(t) for t in ep.texts]
         shown = [{"episode": text, "turns": n} for text, n in zip(ep.decoded(self.tokenizer), turns)]
         return (ep.finals(), ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,

@@ -33,6 +33,10 @@ from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling import turns
 
 
+class EpisodesFailed(RuntimeError):
+    """Most episodes of a batch failed: the run stops (one line: how many, by status, the first error)."""
+
+
 @dataclasses.dataclass
 class Episodes:
     """N episodes as arrays. prompt_tokens/prompt_mask (N,P) left-padded; tokens (N,T) right-padded after
@@ -74,18 +78,20 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0, repetition_penalty: float = 1.0, min_p: float = 0.0,
                     pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
-                    stop_strings: Sequence[str] = ()) -> Episodes:
+                    stop_strings: Sequence[str] = (), max_failed_frac: float = 0.5) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
     bound but the episode's). group_size G: rows i*G .. i*G+G-1 are one prompt's group and must get the
     same prompt from `env.reset`; the sampler prefills it once for the G of them. stop_strings: a turn
     also ends where its text first contains one (kept in the turn; later tokens are dropped and the
-    row's cache rewound)."""
+    row's cache rewound). max_failed_frac: more failed episodes than this fraction (an environment or
+    agent that raised, hung, ... : envs/runner.py) stop the run with `EpisodesFailed`, one line naming
+    the cause; fewer are counted in the metrics and the batch goes on."""
     stop_ids = envs.turn_end_ids(tokenizer)
     # EOS ends the episode, unless the template ends turns with it (Qwen2.5-Instruct's EOS is <|im_end|>).
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
     episode_end = {tokenizer.eos_token_id} - {turn_end}
-    with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers) as batch:
+    with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers, group_size=group_size) as batch:
         tools = env.tool_schemas() if hasattr(env, "tool_schemas") else None
         prompts = envs.prompts_ids(tokenizer, batch.prompts, tools)
         _check_groups(env, prompts, group_size)
@@ -136,6 +142,10 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
             if dist.any_process(any(appended)):
                 state = turns.append(mc, params, state, dist.allgather_lists(appended), pad_id=pad_id)
+        batch.finish()  # an agent's reward comes once its episode is over
+        failed, line = batch.failure_summary(dist.allgather_rows)
+        if failed > max_failed_frac:
+            raise EpisodesFailed(f"{line} (more than env.max_failed_frac={max_failed_frac:g})")
         out = _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
         if state.routes is None:
             return out

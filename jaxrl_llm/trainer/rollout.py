@@ -122,7 +122,8 @@ class Rollouts:
                                  temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                                  repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                                  pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G,
-                                 stop_strings=tuple(c.env.stop_strings))
+                                 stop_strings=tuple(c.env.stop_strings),
+                                 max_failed_frac=c.env.max_failed_frac)
         faults.point("sample")
         local = {"prompt_tokens": ep.prompt_tokens[::G], "prompt_mask": ep.prompt_mask[::G], "tokens": ep.tokens,
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,

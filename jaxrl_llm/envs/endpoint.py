@@ -150,6 +150,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._reply(404, _error("not_found", f"no route GET {self.path}"))
 
     def do_POST(self):  # noqa: N802
+        if not self.server.alive:  # a stopped server drops its kept-alive connections too
+            self.close_connection = True
+            return
         parts = self.path.split("?")[0].strip("/").split("/")
         episode = self.server.episodes.get(parts[1]) if len(parts) == 5 and parts[0] == "ep" else None
         if episode is None or parts[2:] != ["v1", "chat", "completions"]:

@@ -69,7 +69,7 @@ class EpisodeBatch:
                 prompt, state = env.reset(row)
             except EpisodeFailed as e:  # this episode fails before its first turn, the run goes on
                 prompt, state = None, None
-                self._failed(i, e.status, str(e))
+                self._failed(i, e.status, _error_line(e))
             except Exception as e:  # noqa: BLE001
                 raise ValueError(f"environment {type(env).__name__}.reset raised on row {i}: "
                                  f"{type(e).__name__}: {e}") from e
@@ -248,4 +248,5 @@ class EpisodeBatch:
 
 def _error_line(e: BaseException) -> str:
     s = str(e).strip()
-    return f"{type(e).__name__}: {s.splitlines()[0] if s else ''}"
+    line = s.splitlines()[0] if s else ""
+    return line if isinstance(e, EpisodeFailed) else f"{type(e).__name__}: {line}"

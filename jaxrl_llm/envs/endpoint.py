@@ -235,9 +235,13 @@ class AgentEnvironment(Environment):
     timeout_s: the most time one episode's agent may hold its turns, in all (the model's time not counted).
     client: 'openai' (an `openai.OpenAI` client, max_retries=0) or 'url' (the base URL, a string, for
       agents that build their own client).
+    chat: True: the messages go through the model's chat template (its turn ends, tool calls). False (a
+      model without chat template, like the built-in tiny one): the prompt is the first request's message
+      contents joined, each observation the new messages' contents joined, as text; no tools.
     """
 
-    def __init__(self, agent: str | Callable[..., Any], timeout_s: float = 60.0, client: str = "openai"):
+    def __init__(self, agent: str | Callable[..., Any], timeout_s: float = 60.0, client: str = "openai",
+                 chat: bool = True):
         if client not in ("openai", "url"):
             raise ValueError(f"env.kwargs.client must be 'openai' or 'url', got {client!r}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -255,7 +259,7 @@ class AgentEnvironment(Environment):
             if importlib.util.find_spec("openai") is None:  # imported lazily, by reset
                 raise ValueError("env.name=agent with client='openai' needs the openai package: "
                                  "pip install openai (or env.kwargs.client='url')")
-        self.agent, self.timeout_s, self.client = agent, float(timeout_s), client
+        self.agent, self.timeout_s, self.client, self.chat = agent, float(timeout_s), client, bool(chat)
         self._server: _Server | None = None
         self._tools: list | None = None
         self._tools_set = False
@@ -315,7 +319,7 @@ class AgentEnvironment(Environment):
         except EpisodeFailed as e:
             self._fail(ep, e)
             raise
-        return messages, ep
+        return (messages if self.chat else "".join(m["content"] for m in messages)), ep
 
     def step(self, ep: _Episode, turn_text: str) -> StepResult:
         try:
@@ -329,6 +333,8 @@ class AgentEnvironment(Environment):
         except EpisodeFailed as e:
             self._fail(ep, e)
             raise
+        if not self.chat:
+            observation = "".join(m["content"] for m in observation)
         return StepResult(observation, None, ep)
 
     def finish(self, ep: _Episode) -> float | None:
@@ -390,6 +396,8 @@ class AgentEnvironment(Environment):
         if messages[-1]["role"] == "assistant":
             raise EpisodeFailed("bad_request", "the last message is the assistant's: nothing to answer")
         tools = body.get("tools") or None
+        if tools and not self.chat:
+            raise EpisodeFailed("bad_request", "tools need the chat template (env.kwargs.chat=True)")
         with self._lock:  # the chat template renders one tool list for the batch
             if not self._tools_set:
                 self._tools, self._tools_set = tools, True

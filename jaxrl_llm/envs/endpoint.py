@@ -133,6 +133,7 @@ def _error(code: str, message: str) -> dict:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall per reply
     server: "_Server"
 
     def log_message(self, *args):  # no stderr line per request
@@ -263,6 +264,7 @@ class AgentEnvironment(Environment):
         self._server: _Server | None = None
         self._tools: list | None = None
         self._tools_set = False
+        self._http_client = None
         self._lock = threading.Lock()
 
     # -- the server --
@@ -274,6 +276,16 @@ class AgentEnvironment(Environment):
             if self._server is None or not self._server.alive:  # (re)started: a dead server does not stop the run
                 self._server = _Server()
             return self._server
+
+    def _http(self):
+        """One httpx client for every episode's `openai.OpenAI` (building one per client costs a TLS
+        context, about 0.25 s): a pool without limits, as every waiting agent holds a connection."""
+        with self._lock:
+            if self._http_client is None:
+                import httpx  # openai's own HTTP library
+                self._http_client = httpx.Client(timeout=24 * 3600.0, limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=None))
+            return self._http_client
 
     def close(self) -> None:
         """Ends every open episode and stops the server."""
@@ -298,7 +310,8 @@ class AgentEnvironment(Environment):
         url = self.base_url(key)
         if self.client == "openai":
             import openai
-            client = openai.OpenAI(base_url=url, api_key="jaxrl-" + key, max_retries=0, timeout=24 * 3600.0)
+            client = openai.OpenAI(base_url=url, api_key="jaxrl-" + key, max_retries=0, timeout=24 * 3600.0,
+                                   http_client=self._http())
         else:
             client = url
         task = dict(row)

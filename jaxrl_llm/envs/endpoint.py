@@ -13,7 +13,7 @@ base URL is this episode's path on a local HTTP server (127.0.0.1, a free port),
                the conversation so far (the messages the agent sent, the assistant replies it got) plus
                new `user`/`tool`/`system` messages, which are the observation; or for the agent's return:
                the episode ends, the return value is its reward.
-  finish()     after the episode (the agent returned, or the turn limit or token budget ended it): a
+  finish_episode()  after the episode (the agent returned, or the turn limit or token budget ended it): a
                request still pending gets an empty reply with `finish_reason: "length"` (any later one an
                HTTP 400 `episode_over`), and the agent's return value is the reward.
 
@@ -40,6 +40,7 @@ import json
 import math
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -268,9 +269,6 @@ class AgentEnvironment(Environment):
         self._lock = threading.Lock()
 
     # -- the server --
-    def base_url(self, key: str) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/ep/{key}/v1"
-
     def _serve(self) -> _Server:
         with self._lock:
             if self._server is None or not self._server.alive:  # (re)started: a dead server does not stop the run
@@ -283,8 +281,12 @@ class AgentEnvironment(Environment):
         with self._lock:
             if self._http_client is None:
                 import httpx  # openai's own HTTP library
-                self._http_client = httpx.Client(timeout=24 * 3600.0, limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=None))
+                # TCP_NODELAY: httpx writes a request's headers and body apart; with Nagle the body waits
+                # for the server's delayed ACK of the headers (40 ms a request on Linux).
+                transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+                                                limits=httpx.Limits(max_connections=None,
+                                                                    max_keepalive_connections=None))
+                self._http_client = httpx.Client(timeout=24 * 3600.0, transport=transport)
             return self._http_client
 
     def close(self) -> None:
@@ -300,14 +302,18 @@ class AgentEnvironment(Environment):
     def tool_schemas(self):
         return self._tools
 
-    # -- the Environment interface --
-    def reset(self, row):
+    def start_batch(self, rows) -> None:
+        """Starts the agents of a batch's rows at once (EpisodeBatch calls it before the resets): their
+        first requests come in parallel rather than one reset after the other."""
+        self._started = [(row, self._launch(row)) for row in rows]
+
+    def _launch(self, row) -> _Episode:
         server = self._serve()
         key = secrets.token_hex(8)
         ep = _Episode(key, self.timeout_s)
         ep.server = server
         server.episodes[key] = ep
-        url = self.base_url(key)
+        url = f"http://127.0.0.1:{server.server_address[1]}/ep/{key}/v1"
         if self.client == "openai":
             import openai
             client = openai.OpenAI(base_url=url, api_key="jaxrl-" + key, max_retries=0, timeout=24 * 3600.0,
@@ -323,6 +329,18 @@ class AgentEnvironment(Environment):
                 ep.events.put(("raise", e))
 
         threading.Thread(target=run, name=f"jaxrl-agent-{key}", daemon=True).start()
+        return ep
+
+    # -- the Environment interface --
+    def reset(self, row):
+        started = getattr(self, "_started", [])
+        if started and started[0][0] is row:
+            ep = started.pop(0)[1]
+        else:
+            for _, ep in started:  # not the batch start() was told of: its agents are not waited for
+                ep.close()
+            self._started = []
+            ep = self._launch(row)
         try:
             kind, body, slot = ep.wait()
             if kind != "request":
@@ -350,7 +368,7 @@ class AgentEnvironment(Environment):
             observation = "".join(m["content"] for m in observation)
         return StepResult(observation, None, ep)
 
-    def finish(self, ep: _Episode) -> float | None:
+    def finish_episode(self, ep: _Episode) -> float | None:
         """After the episode: the agent's reward if it is still to come (None if it already counted)."""
         if ep.closed or (ep.result is not None and ep.pending is None):  # failed, or step counted its reward
             ep.close()

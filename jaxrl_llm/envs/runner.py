@@ -64,6 +64,8 @@ class EpisodeBatch:
         self.prompts, self.states = [], []
         self.status: list[str] = [""] * n  # "" = not failed; else one of endpoint.STATUSES
         self.last_error: list[str] = [""] * n
+        if callable(getattr(env, "start_batch", None)):  # an environment that starts its episodes together (agents)
+            env.start_batch(rows)
         for i, row in enumerate(rows):
             try:
                 prompt, state = env.reset(row)
@@ -174,10 +176,10 @@ class EpisodeBatch:
             return None, _error_line(e), getattr(e, "status", "env_error")
 
     def finish(self) -> None:
-        """After the last turn: `env.finish(state)` (if the environment has it; an agent's reward may come
+        """After the last turn: `env.finish_episode(state)` (if the environment has it; an agent's reward may come
         only once its episode is over) for every episode that did not fail, concurrently; a number it
         returns adds to the episode's last turn reward, an exception fails the episode."""
-        finish = getattr(self.env, "finish", None)
+        finish = getattr(self.env, "finish_episode", None)
         rows = [i for i in range(len(self.prompts)) if self.states[i] is not None or not self.aborted[i]]
         if not callable(finish) or not rows:
             return

@@ -222,7 +222,7 @@ class Evaluator:
                                  pad_id=self.pad_id,
                                  max_workers=c.env.max_workers, group_size=k,
                                  stop_strings=tuple(c.env.stop_strings),
-                                 max_failed_frac=c.env.max_failed_frac)
+                                 max_failed_frac=c.env.get("max_failed_frac", 0.5))
         turns = [len(t) for t in ep.texts]
         shown = [{"episode": text, "turns": n} for text, n in zip(ep.decoded(self.tokenizer), turns)]
         return (ep.finals(), ep.tokens, ep.attention_mask.sum(1), ep.truncated, ep.rewards,

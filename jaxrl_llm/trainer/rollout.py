@@ -123,7 +123,7 @@ class Rollouts:
                                  repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                                  pad_id=self.pad_id, max_workers=c.env.max_workers, group_size=G,
                                  stop_strings=tuple(c.env.stop_strings),
-                                 max_failed_frac=c.env.max_failed_frac)
+                                 max_failed_frac=c.env.get("max_failed_frac", 0.5))
         faults.point("sample")
         local = {"prompt_tokens": ep.prompt_tokens[::G], "prompt_mask": ep.prompt_mask[::G], "tokens": ep.tokens,
                  "mask": ep.mask, "attention_mask": ep.attention_mask, "sampler_logp": ep.logprobs,

@@ -337,8 +337,9 @@ class AgentEnvironment(Environment):
         if started and started[0][0] is row:
             ep = started.pop(0)[1]
         else:
-            for _, ep in started:  # not the batch start() was told of: its agents are not waited for
-                ep.close()
+            for _, other in started:  # not the batch start_batch was told of: its agents are not waited for
+                other.close()
+                other.server.episodes.pop(other.key, None)
             self._started = []
             ep = self._launch(row)
         try:

@@ -330,3 +330,34 @@ def test_tiny_agent_config_trains_like_the_in_process_environment(tmp_path):
     same = [k for k in m_env if k.startswith(("reward/", "env/", "loss", "sampler/", "kl", "grad"))]
     assert "reward/mean" in same and "env/turns/mean" in same
     assert {k: m_agent[k] for k in same} == {k: m_env[k] for k in same}
+
+
+def _two_user_turns(client, task):
+    messages = [{"role": "user", "content": "x"}]
+    r = client.chat.completions.create(model="m", messages=messages)
+    try:
+        client.chat.completions.create(model="m", messages=messages + [
+            r.choices[0].message, {"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    except openai.BadRequestError as e:
+        task["seen"].append(e.body["message"])
+        raise
+
+
+def test_messages_the_template_refuses_fail_only_their_episode(tiny):
+    """A template that raises on two user turns in a row (as alternation-checking templates do): the agent
+    that sends them fails with bad_request and gets a 400; the other episodes and the run go on."""
+    _, mc, params = tiny
+    tok = qwen_tokenizer()
+    tok.chat_template = ("{%- for m in messages %}"
+                         "{%- if loop.index0 > 0 and m.role == messages[loop.index0 - 1].role %}"
+                         "{{ raise_exception('roles must alternate') }}{%- endif %}"
+                         "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+                         "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+    rows = [{"fault": f, "prompt": "x", "seen": []} for f in ("", "two_user_turns", "", "")]
+    FAULTS["two_user_turns"] = (_two_user_turns, "bad_request", 1)
+    env = AgentEnvironment(dispatch, timeout_s=60)
+    ep = sample_episodes(mc, params, tok, env, rows, jax.random.PRNGKey(6), pad_id=tok.pad_token_id, **KW)
+    env.close()
+    assert ep.metrics["env/failed/bad_request_frac"] == 0.25 and ep.metrics["env/aborted_frac"] == 0.25
+    assert len(ep.texts[1]) == 1 and ep.rewards[1] == 0 and "cannot render" in rows[1]["seen"][0]
+    assert all(len(ep.texts[i]) >= 2 and ep.rewards[i] == sum(map(len, ep.texts[i])) for i in (0, 2, 3))

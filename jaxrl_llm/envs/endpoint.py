@@ -388,6 +388,10 @@ class AgentEnvironment(Environment):
         finally:
             ep.server.episodes.pop(ep.key, None)
 
+    def abort_episode(self, ep: _Episode) -> None:
+        """The runner failed the episode (its observation could not be rendered): the agent gets HTTP 400."""
+        self._fail(ep, EpisodeFailed("bad_request", "the chat template cannot render the request's messages"))
+
     # -- helpers --
     def _fail(self, ep: _Episode, e: EpisodeFailed) -> None:
         ep.close(400, _error(e.status, f"this episode failed: {e}"))

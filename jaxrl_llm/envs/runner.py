@@ -96,6 +96,18 @@ class EpisodeBatch:
         self.max_workers = max_workers
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # started by the first slow step
 
+    def fail(self, i: int, status: str, error: str) -> None:
+        """Ends episode i as failed after its turn was stepped (its observation could not be used): the
+        turn earns nothing, the status is counted, the environment's `abort_episode(state)` (if any) runs."""
+        self.errors[i] += 1
+        self.aborted[i] = self.done[i] = True
+        self._failed(i, status, error)
+        if self.turn_rewards[i]:
+            self.turn_rewards[i][-1] = None
+        abort = getattr(self.env, "abort_episode", None)
+        if callable(abort):
+            abort(self.states[i])
+
     def _failed(self, i: int, status: str, error: str) -> None:
         self.status[i], self.last_error[i] = status, error
         log.warning("episode %d failed (%s): %s", i, status, error)

@@ -160,9 +160,20 @@ def _observations(tokenizer, tools, batch, observations, history, turn_texts, en
     """Each row's observation ids ([] for none), added to its trajectory; an observation that does not fit
     the budget ends its episode, truncated."""
     out: list[list[int]] = [[] for _ in observations]
-    rows = [i for i, obs in enumerate(observations) if obs is not None]
-    texts = [envs.observation_text(tokenizer, history[i], turn_texts[i], observations[i], tools=tools,
-                                   turn_ended=ended[i]) for i in rows]
+    rows, texts = [], []
+    for i, obs in enumerate(observations):
+        if obs is None:
+            continue
+        try:
+            texts.append(envs.observation_text(tokenizer, history[i], turn_texts[i], obs, tools=tools,
+                                               turn_ended=ended[i]))
+            rows.append(i)
+        except envs.TemplateDrift:
+            raise  # the template's property, not the episode's: every episode would meet it
+        except Exception as e:  # noqa: BLE001 - e.g. a template that refuses two user turns in a row
+            # An agent's messages are its request's; an environment's, its result: either fails its episode.
+            batch.fail(i, "bad_request" if isinstance(batch.env, envs.AgentEnvironment) else "env_error",
+                       f"the chat template cannot render the observation: {type(e).__name__}: {e}")
     for i, ids in zip(rows, envs.encode_all(tokenizer, texts)):  # one tokenizer call for the batch's rows
         if trajs[i].add_env(ids):
             out[i] = ids

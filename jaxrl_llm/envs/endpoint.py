@@ -271,7 +271,10 @@ class AgentEnvironment(Environment):
         context, about 0.25 s): a pool without limits, as every waiting agent holds a connection."""
         with self._lock:
             if self._http_client is None:
-                import httpx  # openai's own HTTP library
+                try:  # openai's own HTTP library: httpx2 from openai 3 on (it requires no httpx), httpx before
+                    import httpx2 as httpx
+                except ImportError:
+                    import httpx
                 # TCP_NODELAY: httpx writes a request's headers and body apart; with Nagle the body waits
                 # for the server's delayed ACK of the headers (40 ms a request on Linux).
                 transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],

@@ -152,7 +152,7 @@ def _env(c: ml_collections.ConfigDict) -> None:
     """Multi-turn episodes."""
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()
-    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools, openenv) or "module:Class"
+    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools, openenv, agent) or "module:Class"
     c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the environment: env.kwargs.<arg>
     c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
     c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens
@@ -160,8 +160,10 @@ def _env(c: ml_collections.ConfigDict) -> None:
     # A model turn also ends where its text first contains one of these (e.g. "</answer>", ReAct's
     # "Observation:"); the string stays in the turn, the tokens drawn after it are dropped.
     c.env.stop_strings = ()
-    # An episode an exception of the environment's step ended keeps its turns' rewards so far and counts in
-    # env/failed/<status>_frac; more than this fraction of a batch's episodes failing stops the run.
+    # An episode that failed (the environment or agent raised, hung past its timeout, returned something the
+    # runner cannot use, lost its server: a named status, docs/environments.md "Failed episodes") keeps its
+    # turns' rewards so far and counts in env/failed/<status>_frac; more than this fraction of a batch's
+    # episodes failing stops the run with one line naming the cause (1 = never stop).
     c.env.max_failed_frac = 0.5
 
 

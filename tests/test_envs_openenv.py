@@ -109,7 +109,7 @@ def test_faults_end_their_episode_with_a_named_status(server):
         assert batch.episode_rewards().tolist() == [1, 0, 0, 0, 1]
         m = batch.metrics()
         assert m["env/aborted_frac"] == pytest.approx(0.6)
-        assert [m[f"env/failed/{s}_frac"] for s in envs.FAILURE_STATUSES] == pytest.approx([0.2, 0.2, 0.2, 0])
+        assert [m[f"env/failed/{s}_frac"] for s in envs.FAILURE_STATUSES] == pytest.approx([0.2, 0.2, 0.2, 0, 0, 0, 0])
         batch.check_failures(0.6)  # 3 of 5 is not more than 0.6
         with pytest.raises(envs.EnvironmentFailed, match=r"3 of 5 episodes of a batch failed .*max_failed_frac=0.5"
                            ) as info:

@@ -17,6 +17,7 @@ _BUILTINS = {
     "guess_digit": "jaxrl_llm.envs.guess:GuessDigitEnv",
     "tools": "jaxrl_llm.envs.tools:ToolEnvironment",
     "openenv": "jaxrl_llm.envs.openenv_env:OpenEnvEnvironment",
+    "agent": "jaxrl_llm.envs.endpoint:AgentEnvironment",
 }
 # Built-ins whose config can be checked before anything is loaded: name -> 'module:function(kwargs)'
 # raising a one-line ValueError (a missing package, a missing option).
@@ -73,10 +74,10 @@ def make_env(name: str, kwargs: Mapping[str, Any] | None = None):
     if name in _CONFIG_CHECKS:
         check_env_config(name, kwargs)
     if ":" in name:
-        target = _import(name)
+        target = import_object(name)
     else:
         if name not in _REGISTRY:
-            _import(_BUILTINS[name])  # registers it
+            import_object(_BUILTINS[name])  # registers it
         target = _REGISTRY[name]
     kwargs = dict(kwargs or {})
     try:
@@ -91,7 +92,7 @@ def make_env(name: str, kwargs: Mapping[str, Any] | None = None):
     return env
 
 
-def _import(spec: str):
+def import_object(spec: str):
     module_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

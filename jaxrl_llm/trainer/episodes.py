@@ -74,19 +74,21 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                     max_new_tokens: int, max_turn_tokens: int = 0, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0, repetition_penalty: float = 1.0, min_p: float = 0.0,
                     pad_id: int = 0, max_workers: int = 8, group_size: int = 1,
-                    stop_strings: Sequence[str] = (), max_failed_frac: float = 1.0) -> Episodes:
+                    stop_strings: Sequence[str] = (), max_failed_frac: float = 0.5) -> Episodes:
     """One episode per row of `rows` under `env` (see the module docstring). `max_new_tokens` bounds an
     episode's tokens after the prompt (model and environment); `max_turn_tokens` one turn's (0 = no
     bound but the episode's). group_size G: rows i*G .. i*G+G-1 are one prompt's group and must get the
     same prompt from `env.reset`; the sampler prefills it once for the G of them. stop_strings: a turn
     also ends where its text first contains one (kept in the turn; later tokens are dropped and the
-    row's cache rewound). max_failed_frac: more than this fraction of the episodes failed (an exception of
-    the environment's step: `EpisodeBatch.check_failures`) stops the run with EnvironmentFailed."""
+    row's cache rewound). max_failed_frac: more failed episodes than this fraction (an environment or
+    agent that raised, hung, returned what cannot be used: the statuses of envs/base.py) stop the run with
+    `envs.EnvironmentFailed`, one line naming the cause; fewer are counted in the metrics and the batch
+    goes on."""
     stop_ids = envs.turn_end_ids(tokenizer)
     # EOS ends the episode, unless the template ends turns with it (Qwen2.5-Instruct's EOS is <|im_end|>).
     turn_end = tokenizer.convert_tokens_to_ids(envs.turn_end_text(tokenizer)) if tokenizer.chat_template else None
     episode_end = {tokenizer.eos_token_id} - {turn_end}
-    with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers) as batch:
+    with envs.EpisodeBatch(env, rows, max_turns=max_turns, max_workers=max_workers, group_size=group_size) as batch:
         tools = env.tool_schemas() if hasattr(env, "tool_schemas") else None
         prompts = envs.prompts_ids(tokenizer, batch.prompts, tools)
         _check_groups(env, prompts, group_size)
@@ -137,6 +139,7 @@ def sample_episodes(mc, params, tokenizer, env, rows: Sequence[Mapping[str, Any]
                 state = _rewind(state, batch, trajs, dropped, dropped_ids, appended)
             if dist.any_process(any(appended)):
                 state = turns.append(mc, params, state, dist.allgather_lists(appended), pad_id=pad_id)
+        batch.end()  # every episode's `env.end`: an agent's reward comes once its episode is over
         batch.check_failures(max_failed_frac, dist.allgather_rows)
         out = _arrays(prompts, prompt_width, trajs, logps, truncated, batch, texts, pad_id, max_new_tokens)
         if state.routes is None:
@@ -152,9 +155,20 @@ def _observations(tokenizer, tools, batch, observations, history, turn_texts, en
     """Each row's observation ids ([] for none), added to its trajectory; an observation that does not fit
     the budget ends its episode, truncated."""
     out: list[list[int]] = [[] for _ in observations]
-    rows = [i for i, obs in enumerate(observations) if obs is not None]
-    texts = [envs.observation_text(tokenizer, history[i], turn_texts[i], observations[i], tools=tools,
-                                   turn_ended=ended[i]) for i in rows]
+    rows, texts = [], []
+    for i, obs in enumerate(observations):
+        if obs is None:
+            continue
+        try:
+            texts.append(envs.observation_text(tokenizer, history[i], turn_texts[i], obs, tools=tools,
+                                               turn_ended=ended[i]))
+            rows.append(i)
+        except envs.TemplateDrift:
+            raise  # the template's property, not the episode's: every episode would meet it
+        except Exception as e:  # noqa: BLE001 - e.g. a template that refuses two user turns in a row
+            # An agent's messages are its request's; an environment's, its result: either fails its episode.
+            batch.fail(i, "bad_request" if isinstance(batch.env, envs.AgentEnvironment) else "malformed",
+                       f"the chat template cannot render the observation: {type(e).__name__}: {e}")
     for i, ids in zip(rows, envs.encode_all(tokenizer, texts)):  # one tokenizer call for the batch's rows
         if trajs[i].add_env(ids):
             out[i] = ids

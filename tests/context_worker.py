@@ -10,7 +10,7 @@ starts). Prints one JSON line {case: largest absolute difference}.
     beside data / fsdp / tensor, against one device without a mesh: per-token log-probs of the
     prompt-shared pass (lm.completion_hidden, the score/update path), a loss over them and the gradient of
     every parameter; the packed pass (segment ids, lm logprobs on packed rows); a dense model with
-    sliding-window layers, a soft cap and Gemma's norms, and a mixture-of-experts model (with its
+    sliding-window layers, a soft cap, Gemma's norms and LoRA adapters, and a mixture-of-experts model (with its
     router's statistics, and replaying its routes); 11-token completions (a multiple of no shard count).
 
     python tests/context_worker.py attention|dense|moe
@@ -95,7 +95,7 @@ DENSE = ModelConfig(model_type="gemma2", vocab_size=61, hidden_size=32, intermed
                     layer_types=("sliding_attention", "full_attention", "sliding_attention"), attn_softcap=20.0,
                     final_softcap=15.0, norm_offset=1.0, sandwich_norm=True, hidden_act="gelu_tanh",
                     embed_scale=True, tie_word_embeddings=True, attention="blockwise", attention_block=4,
-                    logits_chunk=4)
+                    logits_chunk=4, lora_rank=2, lora_alpha=4.0, lora_targets=("q", "v", "o", "gate", "down"))
 MOE = ModelConfig(model_type="qwen3_moe", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
                   moe_intermediate_size=16, norm_topk_prob=True, qk_norm=True, attention="blockwise",
@@ -179,6 +179,9 @@ def model_cases(kind: str):
     # differ from one device's by 2.1e-5 past rtol 1e-5: float sums in another order, amplified)
     scale = 2 if config.num_experts else 4
     params = jax.tree_util.tree_map(lambda x: x * scale if x.ndim > 1 else x, params)
+    if config.lora_rank:  # adapters that act (B starts at zero): their gradients and the base's both compared
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: x + 0.1 if "lora_b" in jax.tree_util.keystr(p) else x, params)
     inputs = model_inputs(config)
     for name in [k for k in MESHES if k.startswith(kind)]:
         replay = routes_of(config, params, inputs) if name.endswith("replay") else (None, None)

@@ -7,7 +7,8 @@ subprocess (tests/context_worker.py) with its own XLA_FLAGS (tests/xla_flags.py)
 - dense / moe: the decoder's trainer passes (prompt-shared completions, packed rows) on meshes with a
   sequence axis of 2, 4, 8 beside data, fsdp and tensor: per-token log-probs, the loss and every
   parameter's gradient (and the MoE router's sums, with and without routing replay) to atol = rtol = 1e-5
-  in float32, on 11-token completions (a multiple of no shard count), a sliding-window model with soft caps;
+  in float32, on 11-token completions (a multiple of no shard count), a sliding-window model with soft caps
+  and LoRA adapters;
   and data 4 x tensor 2 without a sequence axis on 2 prompts (rows its shards do not divide: the embedding's
   gradient was off by 4,900 of 570 before models/layout.py `constrain`).
 """

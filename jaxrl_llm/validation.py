@@ -353,8 +353,10 @@ def _validate_lora(c) -> None:
 
 
 def _validate_io(c) -> None:
-    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "mesh.sequence"):
+    for f in ("mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert"):
         _check(c, f, lambda v: _is_int(v) and (v >= 1 or v == -1), "a positive int or -1")
+    # no -1 here: the token budget per chip and the layout of the rows need C before the devices are known
+    _check(c, "mesh.sequence", lambda v: _is_int(v) and v >= 1, "a positive int")
     _check(c, "checkpoint.every_steps", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "checkpoint.max_to_keep", lambda v: _is_int(v) and v >= 1, "an int >= 1")
     _check(c, "log.samples_every", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = never)")

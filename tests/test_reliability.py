@@ -399,7 +399,7 @@ CATALOGUE = [
     ("value_model_missing", _train(algo="ppo", rollout__group_size=1, value__init="/nonexistent/value"),
      "config.value.init '/nonexistent/value' is neither 'policy' nor a directory"),
     ("mesh_product_not_the_device_count", _train(mesh__data=3, mesh__fsdp=1),
-     "mesh data*fsdp*expert*tensor = 3*1*1*1 = 3 does not match the 1 available devices"),
+     "mesh data*fsdp*expert*sequence*tensor = 3*1*1*1*1 = 3 does not match the 1 available devices"),
     ("corrupt_safetensors", lambda a: ("train", fr.train_args(a["wd"], model__path=a["model_corrupt"]), {}),
      "model.safetensors: truncated"),
     ("tokenizer_without_eos", lambda a: ("train", fr.train_args(a["wd"], tokenizer=a["tok_no_eos"]), {}),

@@ -238,8 +238,8 @@ def test_bad_input_gives_one_line_errors(jobs):
     out = wait_meshes(jobs)
     with open(os.path.join(out, "errors.json")) as f:
         errors = json.load(f)
-    assert errors["mesh_size"] == ("ValueError: mesh data*fsdp*expert*tensor = 2*2*1*1 = 4 does not match the 8 "
-                                   "available devices")
+    assert errors["mesh_size"] == ("ValueError: mesh data*fsdp*expert*sequence*tensor = 2*2*1*1*1 = 4 does not "
+                                   "match the 8 available devices")
     assert errors["batch"] == ("ValueError: config.rollout.batch_prompts=4 (per micro-batch: 4) must be "
                                "divisible by mesh data*fsdp=8")
     assert errors["model"].startswith("ValueError: no checkpoint in ") and errors["model"].endswith(

@@ -417,7 +417,7 @@ CATALOGUE = [
     ("reward_raises", _train(reward__functions="fixtures_reliability:always_raises"),
      "reward 'always_raises' raised on row 0: ZeroDivisionError: the grader divided by zero"),
     ("reward_wrong_length", _train(reward__functions="fixtures_rewards:wrong_length"),
-     "reward 'wrong_length' returned 45 values for 44 rows, in the reward check at start-up"),
+     "reward 'wrong_length' returned 49 values for 48 rows, in the reward check at start-up"),
     ("reward_nan", _train(reward__functions="fixtures_rewards:nan_reward"), "reward 'nan_reward' returned nan on row 0"),
     ("unwritable_workdir", lambda a: ("train", fr.train_args(os.path.join(a["a_file"], "run")), {}),
      "cannot be created"),

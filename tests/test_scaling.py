@@ -164,6 +164,12 @@ def test_sequence_axis_matches_one_device(jobs):
     for item, base_name in (("2x1x1x4+tokens", "1x1x1"), ("1x2x1x4+ppo", "1x1x1+ppo")):
         base, base_params = load(out, base_name)
         run, params = load(out, item)
+        # value/explained_var = 1 - var(returns - values) / var(returns) is -278 at step 2 (an untrained value
+        # head): the tiny variance of the returns amplifies rounding (CI: 1.03e-5 relative); 1e-4 for it
+        ev = "value/explained_var"
+        for r, b in zip(run["metrics"], base["metrics"]):
+            if ev in b:
+                np.testing.assert_allclose(r.pop(ev), b.pop(ev), rtol=1e-4, err_msg=f"{item}: {ev}")
         assert_metrics_close(run["metrics"], base["metrics"], item)
         assert_params_close(params, base_params, PARAM_ATOL, item)
         assert all(m["policy/grad_norm"] > 1e-3 for m in run["metrics"]), item

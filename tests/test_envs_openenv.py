@@ -129,8 +129,10 @@ def test_one_session_server_refuses_a_batch_and_a_killed_server_disconnects():
     env = envs.make_env("openenv", {"app": APP + "_one_session", "reset_columns": ("hidden",),
                                     "step_timeout_s": 10.0})
     try:
-        with pytest.raises(ValueError, match="reset raised on row 1: RuntimeError: .*CAPACITY_REACHED.*: the OpenEnv "
-                           "server holds fewer sessions than a batch runs episodes .*max_concurrent_envs") as info:
+        # refused with CAPACITY_REACHED, or (a loaded machine) the close of the refused session seen first
+        with pytest.raises(ValueError, match="reset raised on row 1: (RuntimeError: .*CAPACITY_REACHED|ConnectionError: "
+                           ".*a new session, closed by a live server: it may be full;).*the OpenEnv server holds fewer "
+                           "sessions than a batch runs episodes .*max_concurrent_envs") as info:
             envs.EpisodeBatch(env, [{"hidden": 3}, {"hidden": 4}], max_turns=3)
         assert "\n" not in str(info.value)
         with envs.EpisodeBatch(env, [{"hidden": 3}], max_turns=3) as batch:

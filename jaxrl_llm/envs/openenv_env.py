@@ -88,6 +88,11 @@ def check_config(kwargs: Mapping[str, Any]) -> None:
         raise ValueError(f"config.env.kwargs.reset_columns must be a tuple of column names, got {cols!r}")
 
 
+CAPACITY_HINT = ("the OpenEnv server holds fewer sessions than a batch runs episodes (each holds one): serve it "
+                 "with create_app(..., max_concurrent_envs=N), N >= the episodes of a batch, its Environment "
+                 "marked SUPPORTS_CONCURRENT_SESSIONS")
+
+
 class _Episode:
     """One episode's state: its client (None once closed)."""
 
@@ -235,10 +240,14 @@ class OpenEnvEnvironment(Environment):
                 result = self._client_call(state, "reset", **kwargs)
         except RuntimeError as e:
             if "CAPACITY_REACHED" in str(e):
-                raise RuntimeError(f"{e}: the OpenEnv server holds fewer sessions than a batch runs episodes "
-                                   "(each holds one): serve it with create_app(..., max_concurrent_envs=N), N >= "
-                                   "the episodes of a batch, its Environment marked SUPPORTS_CONCURRENT_SESSIONS"
-                                   ) from None
+                raise RuntimeError(f"{e}: {CAPACITY_HINT}") from None
+            raise
+        except ConnectionError as e:
+            # A new session closed at once by a server that is still up: openenv-core refuses a session past
+            # its capacity with CAPACITY_REACHED, but on a loaded machine the client saw the close first.
+            if self._proc is not None and self._proc.poll() is None:  # (a server at a URL: alive or not, unknown)
+                raise ConnectionError(f"{e} (a new session, closed by a live server: it may be full; "
+                                      f"{CAPACITY_HINT})") from None
             raise
         try:
             return self._render(result.observation), state

@@ -12,6 +12,7 @@ the adapter as a subprocess on a localhost port (no network beyond localhost).
 """
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -180,6 +181,25 @@ def test_openenv_config_is_checked_at_start_up(monkeypatch):
                         lambda name, *a: None if name == "openenv" else find_spec(name, *a))
     with pytest.raises(ValueError, match=r"needs the openenv-core package: pip install openenv-core$"):
         config_lib.prepare(c)
+
+
+def test_module_paths_resolve_from_the_working_directory_as_in_the_server(monkeypatch, tmp_path):
+    """A config naming `my_pkg.server:app` beside the working directory passes whether or not this process
+    put that directory on sys.path (`python -m` does, a console script or plain `pytest` does not), as the
+    launched server imports it; sys.path is left as it was."""
+    pkg = tmp_path / "my_openenv_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server.py").write_text("app = object()\ndef act(text):\n    return {'text': text}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path), os.getcwd())])
+    before = list(sys.path)
+    from jaxrl_llm.envs import openenv_env
+    openenv_env.check_config({"app": "my_openenv_pkg.server:app", "action": "my_openenv_pkg.server:act"})
+    assert openenv_env._load("action", "my_openenv_pkg.server:act")("x") == {"text": "x"}
+    assert sys.path == before
+    with pytest.raises(ValueError, match="no module 'my_openenv_pkg.nothing' importable here"):
+        openenv_env.check_config({"app": "my_openenv_pkg.nothing:app"})
 
 
 def test_a_training_run_on_the_openenv_server_equals_guess_digit(server, tmp_path):

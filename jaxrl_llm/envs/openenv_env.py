@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -72,7 +73,8 @@ def check_config(kwargs: Mapping[str, Any]) -> None:
         if not (module and attr):
             raise ValueError(f"config.env.kwargs.{field}={spec!r} must be an import path 'package.module:name'")
         try:
-            found = importlib.util.find_spec(module) is not None
+            with _as_the_server_imports():
+                found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
@@ -320,10 +322,29 @@ def _is_text(prop: Mapping[str, Any]) -> bool:
     return prop.get("type") == "string" or any(p.get("type") == "string" for p in prop.get("anyOf", ()))
 
 
+@contextlib.contextmanager
+def _as_the_server_imports():
+    """Resolve module paths as the launched server does (`_launch`: the working directory first on its path).
+
+    `python -m` puts the working directory on sys.path, a console script or plain `pytest` does not; without
+    this a config naming `my_pkg.server:app` next to it would pass in one and be refused in the other.
+    """
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def _load(field: str, spec: str):
     module, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(module)
+        with _as_the_server_imports():
+            obj: Any = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as e:  # noqa: BLE001 - user modules fail in every way

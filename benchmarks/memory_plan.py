@@ -110,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="LoRA adapters of this rank; 0 = full")
     p.add_argument("--lora-targets", dest="lora_targets", default="q,k,v,o,gate,up,down", help="LoRA targets")
     p.add_argument("--teacher", choices=list(MODELS), default="", help="a distillation teacher's shapes (teacher.path)")
+    p.add_argument("--ragged_dot", choices=("proxy", "cpu"), default="proxy",
+                   help="MoE expert products: proxy = the buffers an accelerator's grouped kernel allocates "
+                        "(harness/grouped_proxy.py); cpu = XLA:CPU's masked lowering")
     p.add_argument("--toy", action="store_true", help="a tiny model and small batch on meshes of 4 devices")
     p.add_argument("--out", default="", help="markdown file whose memory-plan block is replaced")
     p.add_argument("--key", default="memory-plan", help="name of the block of --out to replace")
@@ -338,6 +341,18 @@ def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
     return headers, rows
 
 
+def _plan_meshes(args, mc, devices, results: list):
+    """Appends (mesh, plan) for every mesh of --meshes to `results`; returns the last mesh's run config."""
+    for mesh in args.mesh_list:
+        print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
+              file=sys.stderr, flush=True)
+        c = run_config(args, grad_accum_for(args, mesh), mesh)
+        results.append((mesh, {"grad_accum": c.train.grad_accum, "micro_batches": update_micro_batches(c, mesh, args),
+                               **plan_one(c, mc, mesh, devices, args.mean_new_tokens,
+                                          model_config(args, teacher=True) if args.teacher else None)}))
+    return c
+
+
 def main(argv=None):
     args = parse_args(argv)
     need = max(math.prod(m) for m in args.mesh_list)
@@ -348,20 +363,19 @@ def main(argv=None):
     os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={need}"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import contextlib
+
     import jax
     from harness.flops import roofline
+    from harness.grouped_proxy import grouped_products_as_on_accelerators
     from harness.report import markdown_table, update_markdown
 
     mc = model_config(args)
     devices = jax.devices()
     results = []
-    for mesh in args.mesh_list:
-        print(f"compiling the sampler, score and update programs on mesh {'x'.join(map(str, mesh))} ...",
-              file=sys.stderr, flush=True)
-        c = run_config(args, grad_accum_for(args, mesh), mesh)
-        results.append((mesh, {"grad_accum": c.train.grad_accum, "micro_batches": update_micro_batches(c, mesh, args),
-                               **plan_one(c, mc, mesh, devices, args.mean_new_tokens,
-                                          model_config(args, teacher=True) if args.teacher else None)}))
+    moe_proxy = mc.num_experts > 0 and args.ragged_dot == "proxy"
+    with grouped_products_as_on_accelerators() if moe_proxy else contextlib.nullcontext():
+        c = _plan_meshes(args, mc, devices, results)
     headers, rows = table(results, unit=2 ** 20 if args.model == "toy" else GIB)
     name = "toy model" if args.model == "toy" else args.model.replace("qwen", "Qwen").replace("b", "B")
     title = (f"{name} {c.algo.upper()}, B={c.rollout.batch_prompts} prompts x "
@@ -374,6 +388,8 @@ def main(argv=None):
                 if c.train.pack_length else "unpacked; ") +
              (f"micro-batches of {c.train.max_tokens_per_microbatch} tokens per chip; "
               if c.train.max_tokens_per_microbatch else "") +
+             ("expert products planned as an accelerator's grouped kernel allocates them (--ragged_dot proxy); "
+              if moe_proxy else "") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")
     text = f"{title}\n\n{markdown_table(headers, rows)}\n\n{roofline(c, mc, args.mesh_list)}\n"
     print(text)

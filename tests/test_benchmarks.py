@@ -196,3 +196,35 @@ def test_real_shapes_have_the_published_parameter_counts(name, published):
     assert config_from_hf_dict(shapes.hf_dict(size), source="test").num_params() == published
     with pytest.raises(ValueError, match="--size"):
         shapes.size_of("7B")
+
+
+def test_the_planners_grouped_product_has_the_accelerator_kernels_buffers():
+    """memory_plan.py's stand-in for `ragged_dot` (harness/grouped_proxy.py): the shapes and dtypes of
+    ragged_dot's output and of both gradients for any grouping, and its values when every row is in group 0
+    (where it is ragged_dot); patched only inside its block."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from harness.grouped_proxy import grouped_product, grouped_products_as_on_accelerators
+
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.normal(size=(12, 6)), jnp.float32)
+    rhs = jnp.asarray(rng.normal(size=(3, 6, 5)), jnp.float32)
+    cot = jnp.asarray(rng.normal(size=(12, 5)), jnp.float32)
+    for sizes in ([12, 0, 0], [4, 5, 3]):
+        sizes = jnp.asarray(sizes, jnp.int32)
+        outs = []
+        for f in (jax.lax.ragged_dot, grouped_product):
+            y, vjp = jax.vjp(lambda a, b, f=f: f(a, b, sizes), lhs, rhs)
+            outs.append((y, *vjp(cot)))
+        for real, proxy in zip(*outs):
+            assert real.shape == proxy.shape and real.dtype == proxy.dtype
+        if int(sizes[0]) == 12:
+            for real, proxy in zip(*outs):
+                np.testing.assert_allclose(proxy, real, rtol=1e-5, atol=1e-5)
+    assert grouped_product(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), sizes,
+                           preferred_element_type=jnp.float32).dtype == jnp.float32
+    real = jax.lax.ragged_dot
+    with grouped_products_as_on_accelerators():
+        assert jax.lax.ragged_dot is grouped_product
+    assert jax.lax.ragged_dot is real

@@ -125,6 +125,10 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
     # k >= 2: the static batch's decode goes on over rows/k rows once at most that many are still decoding,
     # then rows/k^2 ... (0 = off): faster decode steps with heavy-tailed lengths, one more compile per phase
     c.rollout.decode_shrink = 0
+    # > 0: the slots' KV cache is paged (sampling/paged.py, docs/sampling.md): pages of this many tokens,
+    # taken as rows grow and returned when they end (with decode_slots > 0; 0 = off)
+    c.rollout.kv_page_size = 0
+    c.rollout.kv_pages = 0  # pages per row shard of the mesh (0 = auto: from the memory left, printed at start-up)
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
     c.rollout.max_staleness = 0  # k: step i's batch is sampled by the policy after update i-k (0 = synchronous); docs/algorithms/async.md

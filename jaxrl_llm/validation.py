@@ -140,6 +140,14 @@ def _validate_model_and_data(c) -> None:
     if c.rollout.decode_shrink and c.rollout.decode_slots:
         _fail(r + "decode_shrink", "0 with rollout.decode_slots > 0 (it shrinks the static batch; the slots "
               "already hold only rows still decoding)", c.rollout.decode_shrink)
+    _check(c, r + "kv_page_size", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = no paged cache)")
+    _check(c, r + "kv_pages", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = auto)")
+    if c.rollout.kv_page_size and not c.rollout.decode_slots:
+        _fail(r + "kv_page_size", "0 with rollout.decode_slots = 0 (the paged cache is the continuous-batching "
+              "sampler's)", c.rollout.kv_page_size)
+    if c.rollout.kv_page_size and c.env.name:
+        _fail(r + "kv_page_size", "0 with env.name set (the multi-turn sampler's cache is not paged)",
+              c.rollout.kv_page_size)
     if c.rollout.decode_shrink and c.env.name:
         _fail(r + "decode_shrink", "0 with env.name set (episodes decode turn by turn, sampling/turns.py)",
               c.rollout.decode_shrink)

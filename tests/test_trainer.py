@@ -103,6 +103,24 @@ def test_one_step_with_continuous_batching(tmp_path):
     assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
 
 
+def test_one_step_with_a_paged_cache(tmp_path, caplog):
+    """rollout.kv_page_size: the continuous-batching sampler on pages, a pool so small that rows wait (the
+    fewest pages the start-up check accepts); the trainer recomputes its log-probs exactly. kv_pages = 0 on
+    CPU (no free-memory figure): every slot's whole row, logged at the first batch."""
+    import logging
+    from jaxrl_llm.sampling import paged_program, pages_needed
+    before = paged_program._cache_size()
+    need = pages_needed(16, 6, 4, 1, 2)  # tiny's 4 prompts of up to 16 tokens, 6 new tokens, pages of 2
+    for pages in (need, 0):
+        c = small_config(total_steps=1, **{"rollout.decode_slots": 4, "rollout.max_new_tokens": 6,
+                                           "rollout.kv_page_size": 2, "rollout.kv_pages": pages})
+        with caplog.at_level(logging.INFO, logger="jaxrl_llm.trainer.rollout"):
+            m = Trainer(c, str(tmp_path / str(pages))).run()[0]
+        assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
+    assert paged_program._cache_size() == before + 2
+    assert f"rollout.kv_pages=0 (auto): {need + 3 * 3} pages of 2 tokens per row shard" in caplog.text
+
+
 def test_one_step_with_a_shrinking_decode(tmp_path, monkeypatch):
     """rollout.decode_shrink: the rollout's static sampler gets its phases (8 rows -> 4 -> 2 with k = 2); the
     trainer recomputes its log-probs exactly."""
@@ -211,6 +229,11 @@ BAD_CONFIGS = [
     ({"rollout.decode_shrink": 2, "rollout.decode_slots": 4},
      r"config.rollout.decode_shrink must be 0 with rollout.decode_slots > 0"),
     ({"rollout.decode_shrink": 2, "env.name": "guess_digit"}, r"config.rollout.decode_shrink must be 0 with env.name set"),
+    ({"rollout.kv_page_size": 4}, r"config.rollout.kv_page_size must be 0 with rollout.decode_slots = 0"),
+    ({"rollout.kv_page_size": -1, "rollout.decode_slots": 4}, r"config.rollout.kv_page_size must be an int >= 0"),
+    ({"rollout.kv_page_size": 4, "rollout.decode_slots": 4, "rollout.kv_pages": 16},
+     r"^config.rollout.kv_pages=16 is fewer than the 17 pages of 4 tokens a row shard needs: its 4 prompts of up to "
+     r"16 tokens and one row of 3 new tokens$"),
     ({"train.minibatches": 3}, "config.train.minibatches must be a divisor of rollout.batch_prompts=4"),
     ({"loss.aggregate": "mean"}, "config.loss.aggregate must be one of token-mean"),
     ({"loss.dual_clip": 0.5}, "config.loss.dual_clip must be 0 .off. or a number > 1"),

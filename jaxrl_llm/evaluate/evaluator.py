@@ -30,7 +30,7 @@ from jaxrl_llm.data import bucket_length, left_pad, reward_columns
 from jaxrl_llm.data.reasoning_gym import TASK_COLUMN
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
 from jaxrl_llm.rewards import TrainerState, check_reward_parameters, compute_rewards, generation_fields
-from jaxrl_llm.sampling import generate
+from jaxrl_llm.sampling import generate, page_shards, pages_needed, pool_pages
 
 EVAL_STREAM = 0x6576616C  # "eval": the evaluation's random numbers, apart from every training stream
 
@@ -205,20 +205,33 @@ class Evaluator:
                 for n in range(len(prompts)) if valid[n // k]]
         return stats, rows
 
+    def _paging(self, prompts: int, prompt_length: int) -> dict:
+        """The paged cache as in training (rollout.kv_page_size), its pool at least what this batch needs."""
+        c = self.c
+        if not c.rollout.kv_page_size:
+            return {}
+        slots = min(c.rollout.decode_slots, prompts * self.k)
+        shards = page_shards(self.mesh, prompts, slots)
+        pages, _ = pool_pages(self.mc, kv_pages=c.rollout.kv_pages, page_size=c.rollout.kv_page_size,
+                              prompt_length=prompt_length, max_new_tokens=c.rollout.max_new_tokens, prompts=prompts,
+                              slots=slots, shards=shards)
+        need = pages_needed(prompt_length, c.rollout.max_new_tokens, prompts, shards, c.rollout.kv_page_size)
+        return {"kv_page_size": c.rollout.kv_page_size, "kv_pages": max(pages, need)}
+
     def _sample(self, params, i: int, batch, longest: int):
         """Single-turn: k completions per prompt. Returns (completion texts, tokens, lengths, truncated,
         extra scores (None), model turns (1 each), extra fields of each sample row (none))."""
         c, k = self.c, self.k
         tokens, pmask = left_pad(batch["prompt_ids"], bucket_length(longest, c.data.max_prompt_length), self.pad_id)
+        prompts_g, pmask_g = dist.to_global(tokens, self.rows_sharding), dist.to_global(pmask, self.rows_sharding)
         with sharding.use_mesh(self.mesh):
-            r = generate(self.mc, params, dist.to_global(tokens, self.rows_sharding),
-                         dist.to_global(pmask, self.rows_sharding), jax.random.fold_in(self.key, i),
+            r = generate(self.mc, params, prompts_g, pmask_g, jax.random.fold_in(self.key, i),
                          max_new_tokens=c.rollout.max_new_tokens, num_samples=k, temperature=c.eval.temperature,
                          top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                          repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=min(c.rollout.decode_slots, self.batch * k),  # a smaller batch: all its rows
-                         decode_shrink=c.rollout.decode_shrink)
+                         decode_shrink=c.rollout.decode_shrink, **self._paging(*prompts_g.shape))
         out, lengths, truncated = dist.to_local(r.tokens), dist.to_local(r.lengths), dist.to_local(r.truncated)
         ends = lengths - (~truncated).astype(np.int64)  # the EOS is not part of the text
         completions = self.tokenizer.batch_decode([row[:e] for row, e in zip(out, ends)], skip_special_tokens=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.models import lora
+from jaxrl_llm.models import lora, paged
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.kernels import soft_cap
@@ -132,7 +132,8 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
                  sliding=False, return_routes: bool = False, sparse=True):
     """One layer for one new token per row: x (N,D); cos, sin (N,hd); cache (k (N,Hkv,hd,T), v (N,Hkv,T,hd)),
     or the stacked caches with a leading L axis and `layer` the index of this one; index the slot: a scalar,
-    or (N,) one per row; prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
+    or (N,) one per row -- or a paged cache (`models.paged.Pool`, N slots) with `index` its `paged.View` and
+    no prefix (the prompts are in the pages); prefix (k (B,Hkv,hd,P), v (B,Hkv,P,hd)); prefix_mask (B,P) bool.
 
     Writes this token's key/value into slot `index` and then attends over the updated cache: reading the
     cache before the write would make XLA copy it to keep the old version alive. sliding: whether this
@@ -160,11 +161,17 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
         q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps, off), rms_norm(k, w["k_norm"], c.rms_norm_eps, off)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
-    ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
-    keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
-                                                   for a in (ck, cv))
-    a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask, c.attn_scale,
-                    c.attn_softcap, layer_window(c, sliding))
+    if isinstance(cache, paged.Pool):  # the paged cache (sampling/paged.py): `index` is its paged.View
+        cache = paged.write(cache, k.reshape(n, kvh, hd), v.reshape(n, kvh, hd), index, layer)
+        a = paged.attend(q.reshape(n, kvh, h // kvh, hd), cache, index, layer, c.attn_scale, c.attn_softcap,
+                         layer_window(c, sliding))
+    else:
+        ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
+        cache = (ck, cv)
+        keys, values = (ck, cv) if layer is None else (jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
+                                                       for a in (ck, cv))
+        a = attend_step(q.reshape(n, kvh, h // kvh, hd), keys, values, index, *prefix, prefix_mask, c.attn_scale,
+                        c.attn_softcap, layer_window(c, sliding))
     a = dense(a.astype(dt).reshape(n, h * hd), "o")
     x = x + (rms_norm(a, w["attn_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm else a)
 
@@ -180,7 +187,7 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
         m = mlp if not c.num_experts or sparse is False else jnp.where(sparse, m, mlp)
     x = constrain(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
                                         else m), ("batch", "act_embed"))
-    return (x, (ck, cv), experts) if return_routes and c.num_experts else (x, (ck, cv))
+    return (x, cache, experts) if return_routes and c.num_experts else (x, cache)
 
 
 def _cache_write(cache, k, v, index, layer):

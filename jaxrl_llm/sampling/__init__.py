@@ -31,15 +31,16 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.sampling.batch import Rollout, generate_program, shrink_phases
 from jaxrl_llm.sampling.draw import (argmax, categorical, check_penalties, draw_tokens, mark, penalize, row_uniforms,
                                      seen_tokens)
+from jaxrl_llm.sampling.paged import paged_program, pages_needed, pool_pages
 from jaxrl_llm.sampling.slots import slots_program
 from jaxrl_llm.sharding import batch_divisor
 
-__all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "argmax", "categorical",
+__all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "paged_program", "pages_needed", "pool_pages", "page_shards", "argmax", "categorical",
            "draw_tokens", "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
 
 
 def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids,
-           pad_id, decode_slots, decode_shrink=0):
+           pad_id, decode_slots, decode_shrink=0, kv_page_size=0, kv_pages=0, shards=1):
     """One-line ValueErrors before anything is compiled."""
     if prompts.ndim != 2:
         raise ValueError(f"prompts must be (B, P), got shape {prompts.shape}")
@@ -74,16 +75,34 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
     if decode_shrink and decode_slots:
         raise ValueError("decode_shrink shrinks the static batch (decode_slots = 0); with decode_slots > 0 the "
                          "slots already hold only rows still decoding")
+    if not isinstance(kv_page_size, (int, np.integer)) or kv_page_size < 0:
+        raise ValueError(f"kv_page_size must be an int >= 0 (0: no paged cache), got {kv_page_size!r}")
+    if kv_page_size and not decode_slots:
+        raise ValueError("kv_page_size > 0 pages the continuous-batching sampler's cache: it needs decode_slots > 0")
+    if kv_page_size:
+        need = pages_needed(prompts.shape[1], max_new_tokens, prompts.shape[0], shards, kv_page_size)
+        if not isinstance(kv_pages, (int, np.integer)) or kv_pages < need:
+            raise ValueError(f"kv_pages={kv_pages!r} per row shard is fewer than the {need} pages of {kv_page_size} "
+                             f"tokens its {prompts.shape[0] // shards} prompts of {prompts.shape[1]} tokens and one "
+                             f"row of {max_new_tokens} new tokens need")
     total = prompts.shape[1] + max_new_tokens
     if total > config.max_position_embeddings:
         raise ValueError(f"prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "
                          f"the model's max_position_embeddings {config.max_position_embeddings}")
 
 
+def page_shards(mesh, prompts: int, slots: int) -> int:
+    """The row shards of a paged cache on `mesh` (data x fsdp x sequence; 1 outside a mesh, or when the
+    prompts or slots do not split evenly over them: one pool then)."""
+    shards = 1 if mesh.empty else batch_divisor(mesh)
+    return shards if prompts % shards == 0 and slots % shards == 0 else 1
+
+
 def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_tokens: int, num_samples: int = 1,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int],
              pad_id: int, decode_slots: int = 0, repetition_penalty: float = 1.0, min_p: float = 0.0,
-             row_block: tuple[int, int] | None = None, decode_shrink: int = 0) -> Rollout:
+             row_block: tuple[int, int] | None = None, decode_shrink: int = 0, kv_page_size: int = 0,
+             kv_pages: int = 0) -> Rollout:
     """Samples `num_samples` completions for each left-padded prompt (see the module docstring).
 
     prompts, prompt_mask (B,P) int; rng a PRNG key. Same key -> same rollout; rows of a group differ.
@@ -99,16 +118,22 @@ def generate(config: ModelConfig, params, prompts, prompt_mask, rng, *, max_new_
     decode_shrink k >= 2 (0 = off; the static batch only): once at most N/k rows are still decoding, the
     decode goes on over N/k rows, then N/k^2, ... (`batch.shrink_phases`); the same draws, each phase one
     more compiled decode step.
+    kv_page_size Z > 0 (with decode_slots): the slots' cache is paged (`paged.paged_program`), kv_pages
+    pages of Z tokens per row shard of the mesh in context (`page_shards`); the same rollout as without.
     """
     prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
     eos_ids = tuple(int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]))
+    mesh = jax.sharding.get_abstract_mesh()
+    shards = page_shards(mesh, prompts.shape[0], int(decode_slots)) if kv_page_size else 1
     _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperature, top_k, top_p, eos_ids, pad_id,
-           decode_slots, decode_shrink)
+           decode_slots, decode_shrink, kv_page_size, kv_pages, shards)
     check_penalties(repetition_penalty, min_p)
-    if decode_slots:
+    if decode_slots and kv_page_size:
+        program = functools.partial(paged_program, slots=int(decode_slots), page_size=int(kv_page_size),
+                                    pages=int(kv_pages), shards=shards)
+    elif decode_slots:
         program = functools.partial(slots_program, slots=int(decode_slots))
     else:  # the phases' rows stay a multiple of the batch shards of the mesh in context (sharding.use_mesh)
-        mesh = jax.sharding.get_abstract_mesh()
         multiple = 1 if mesh.empty else batch_divisor(mesh)
         phases = shrink_phases(prompts.shape[0] * num_samples, int(decode_shrink), multiple)
         program = functools.partial(generate_program, phases=phases)

@@ -49,6 +49,8 @@ class Rollout:
     truncated (N,) bool -- no EOS within T;  prompt_tokens / prompt_mask (N,P) -- each prompt repeated G times.
     MoE models (both samplers): routes (L,N,T,k) int32 -- the experts token t was routed to when fed
     (`models.moe.NO_ROUTE` for the last token, never fed); prompt_routes (L,N,P,k) those of the prompt tokens; else None.
+    page_stats (2,) int32, the paged sampler's only (sampling/paged.py): [rows restarted because a pool ran
+    out of pages, most pages in use at once in one row shard's pool]; else None.
     """
 
     tokens: jax.Array
@@ -61,6 +63,7 @@ class Rollout:
     prompt_mask: jax.Array
     routes: jax.Array | None = None
     prompt_routes: jax.Array | None = None
+    page_stats: jax.Array | None = None
 
     @property
     def num_rows(self) -> int:

@@ -8,6 +8,7 @@ Rows are this process's: B_local prompts x G completions, prompt b owning rows b
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import jax
@@ -17,10 +18,11 @@ from jaxrl_llm import distributed as dist
 from jaxrl_llm import envs, faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch, reward_columns
 from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
-from jaxrl_llm.sampling import generate
+from jaxrl_llm.sampling import generate, page_shards, pool_pages
 from jaxrl_llm.trainer import supervised
 from jaxrl_llm.trainer.episodes import sample_episodes
 
+log = logging.getLogger(__name__)
 _PROMPT_KEYS = ("prompt_tokens", "prompt_mask", "prompt_routes")  # indexed by prompt; every other key by row
 # Rewards that shape length rather than judge the answer: DAPO's dynamic sampling ignores them by default.
 LENGTH_SHAPING = ("overlong", "length_penalty")
@@ -38,6 +40,7 @@ class Rollouts:
         # inference engine would be): the rollout correction then sees the gap.
         self.mc = dataclasses.replace(mc, dtype=c.rollout.compute_dtype) if c.rollout.compute_dtype else mc
         self.process = rl.ESTIMATORS[c.advantage.estimator].process
+        self.kv_pages = None  # the paged cache's pool per row shard, set at the first batch (`_pool_pages`)
         self.rows_sharding = sharding.batch_sharding(mesh, 2)
         self.vec_sharding = sharding.batch_sharding(mesh, 1)
         self.env = envs.make_env(c.env.name, c.env.kwargs.to_dict()) if c.env.name else None
@@ -74,7 +77,8 @@ class Rollouts:
                          repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p,
                          eos_ids=self.eos_ids, pad_id=self.pad_id,
                          decode_slots=c.rollout.decode_slots, decode_shrink=c.rollout.decode_shrink,
-                         row_block=self._row_block(len(tokens)))
+                         row_block=self._row_block(len(tokens)), kv_page_size=c.rollout.kv_page_size,
+                         kv_pages=self._pool_pages(len(tokens)))
         faults.point("sample")  # the sampler is running (dispatch is asynchronous)
         local = {"tokens": dist.to_local(r.tokens), "mask": dist.to_local(r.mask),
                  "sampler_logp": dist.to_local(r.logprobs), "behavior_logp": dist.to_local(r.behavior_logprobs),
@@ -83,6 +87,23 @@ class Rollouts:
             local["routes"] = dist.to_local(r.routes.transpose(1, 2, 0, 3))  # (N,T,L,k): rows first
             local["prompt_routes"] = dist.to_local(r.prompt_routes[:, ::c.rollout.group_size].transpose(1, 2, 0, 3))
         return local
+
+    def _pool_pages(self, prompts: int) -> int:
+        """rollout.kv_pages, resolved (and logged) once, when parameters and optimizer state are in place:
+        auto sizes the pool from the memory they left (sampling/paged.py `pool_pages`)."""
+        c = self.c
+        if not c.rollout.kv_page_size:
+            return 0
+        if self.kv_pages is None:
+            stats = jax.local_devices()[0].memory_stats() or {}
+            free = stats["bytes_limit"] - stats["bytes_in_use"] if "bytes_limit" in stats else None
+            self.kv_pages, line = pool_pages(
+                self.mc, kv_pages=c.rollout.kv_pages, page_size=c.rollout.kv_page_size,
+                prompt_length=c.data.max_prompt_length, max_new_tokens=c.rollout.max_new_tokens, prompts=prompts,
+                slots=c.rollout.decode_slots, shards=page_shards(self.mesh, prompts, c.rollout.decode_slots),
+                tensor=self.mesh.shape["tensor"], free_bytes=free)
+            log.info(line)
+        return self.kv_pages
 
     def _row_block(self, prompts: int):
         """(offset, total) of this host's rows in the global batch when it samples them alone, else None."""

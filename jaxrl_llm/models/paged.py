@@ -1,0 +1,101 @@
+"""A paged key/value cache for the one-token decode step (models/decode.py `decode_layer`): the layout, the
+write of a step's key/value, and the attention of one new token per slot over the pages of its row. The
+sampler that allocates the pages is sampling/paged.py.
+
+Layout, per layer (`Pool`): k (R, M+1, Hkv, hd, Z) and v (R, M+1, Hkv, Z, hd) -- R row shards (the mesh's
+rows: each shard's slots read and write only its own pool, so the gathers below never cross a chip), M
+pages of Z tokens per shard, keys transposed as in the unpaged cache (`attend_step`'s layout), and one more
+page, index M, that takes the writes of the slots that do not step (it is never read). Stacked over layers
+with a leading L axis, or an L-tuple of per-layer pools when the decode step is unrolled.
+
+A slot's logical keys are W = Pp + Wg pages (`View.table`): its prompt's Pp pages (shared by the G rows of
+the prompt, never copied) then its own completion's pages, taken as it grows. Key j of page w is logical
+key w*Z + j; the sampler gives every logical key its coordinate in [left-padded prompt ; completion] --
+prompt key p at p, completion token i at P + i -- and whether the slot may see it, so that masks and
+sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; it frees no page).
+
+XLA path: each slot's W pages are gathered (one layer at a time) and attended as one row of W*Z keys, the
+float32 softmax of `attend_step`. The gather is a transient of one layer; what stays allocated between
+steps is the pool.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.models.attention import MASKED_SCORE
+from jaxrl_llm.models.kernels import soft_cap
+
+
+class Pool(NamedTuple):
+    """One layer's pages (or the stacked layers', with a leading L axis): k (R,M+1,Hkv,hd,Z), v (R,M+1,Hkv,Z,hd)."""
+    k: jax.Array
+    v: jax.Array
+
+
+class View(NamedTuple):
+    """What one decode step reads of the page tables, for S = R x s slots (slot i in row shard i // s).
+
+    table (S,W) int32: the pool page of each logical page of the slot (its shard's local index);
+    write_page, write_offset (S,) int32: where this step's key/value go (page M for a slot that does not step);
+    key_pos (S,W*Z) int32: each logical key's coordinate; key_seen (S,W*Z) bool: real, written and visible
+    without a window; query_pos (S,) int32: the new token's coordinate."""
+    table: jax.Array
+    write_page: jax.Array
+    write_offset: jax.Array
+    key_pos: jax.Array
+    key_seen: jax.Array
+    query_pos: jax.Array
+
+
+def _per_shard(x, shards: int):
+    """(S, ...) -> (R, S/R, ...)."""
+    return x.reshape(shards, x.shape[0] // shards, *x.shape[1:])
+
+
+def write(pool: Pool, k, v, view: View, layer=None) -> Pool:
+    """The pool with k (S,Hkv,hd) and v (S,Hkv,hd) written at each slot's (write_page, write_offset) [of
+    layer `layer` of a stacked pool]."""
+    shards = pool.k.shape[-5]
+    page, off = _per_shard(view.write_page, shards), _per_shard(view.write_offset, shards)
+    k, v = _per_shard(k.astype(pool.k.dtype), shards), _per_shard(v.astype(pool.v.dtype), shards)
+    at = () if layer is None else (layer,)
+    axis = 0 if layer is None else 1
+    put_k = jax.vmap(lambda pk, p, o, x: pk.at[(*at, p, slice(None), slice(None), o)].set(x),
+                     in_axes=(axis, 0, 0, 0), out_axes=axis)
+    put_v = jax.vmap(lambda pv, p, o, x: pv.at[(*at, p, slice(None), o)].set(x), in_axes=(axis, 0, 0, 0),
+                     out_axes=axis)
+    return Pool(put_k(pool.k, page, off, k), put_v(pool.v, page, off, v))
+
+
+def gather(pool: Pool, table, layer=None):
+    """Each slot's pages, in logical order: keys (S,Hkv,hd,W*Z), values (S,Hkv,W*Z,hd)."""
+    shards = pool.k.shape[-5]
+    tab = _per_shard(table, shards)  # (R,s,W)
+    at = () if layer is None else (layer,)
+    axis = 0 if layer is None else 1
+    take = jax.vmap(lambda a, t: a[(*at, t)], in_axes=(axis, 0))
+    k, v = take(pool.k, tab), take(pool.v, tab)  # (R,s,W,Hkv,hd,Z), (R,s,W,Hkv,Z,hd)
+    r, s, w, kvh, hd, z = k.shape
+    keys = k.transpose(0, 1, 3, 4, 2, 5).reshape(r * s, kvh, hd, w * z)
+    values = v.transpose(0, 1, 3, 2, 4, 5).reshape(r * s, kvh, w * z, hd)
+    return keys, values
+
+
+def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None):
+    """Attention of one new token per slot over its pages. q (S,Hkv,Rq,hd) (Rq query heads per KV head);
+    the step's key/value already written; window None or an int32 scalar (key seen only if query_pos -
+    key_pos < window). Returns (S,Hkv,Rq,hd) float32, as `attend_step` gives on the unpaged cache."""
+    hd = q.shape[-1]
+    scale = hd ** -0.5 if scale is None else scale
+    keys, values = gather(pool, view.table, layer)
+    s = soft_cap(jnp.einsum("nkrd,nkdt->nkrt", q, keys, preferred_element_type=jnp.float32) * scale, softcap)
+    seen = view.key_seen
+    if window is not None:
+        seen = seen & (view.query_pos[:, None] - view.key_pos < window)
+    s = jnp.where(seen[:, None, None, :], s, MASKED_SCORE)
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    out = jnp.einsum("nkrt,nktd->nkrd", e.astype(values.dtype), values, preferred_element_type=jnp.float32)
+    return out / jnp.sum(e, axis=-1)[..., None]

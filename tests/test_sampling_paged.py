@@ -1,0 +1,143 @@
+"""The paged KV cache (`kv_page_size`, sampling/paged.py, models/paged.py) against the unpaged continuous-
+batching sampler (`slots`, itself held to a teacher-forced reference and the trainer's log-probs by
+tests/test_sampling_slots.py): the same tokens, masks, MoE routes, and log-probs to 1e-5 (float32), for
+left-padded prompts of ragged lengths, EOS at varied steps, every sampling mode, a sliding window with soft
+caps (unrolled and scanned decode steps), an MoE model, LoRA adapters -- with pools large enough for every
+row at once and pools so small that rows wait and restart (the restart path is asserted to have run). On
+a mesh of 4 fake devices (tests/paged_worker.py) the per-shard pools give the one-device rollout.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fixtures_hf import left_padded_batch
+from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.lm import init_params
+from jaxrl_llm.sampling import generate, pages_needed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAD = 0
+EOS = (3, 9, 17)  # rows end at varied steps, some run to the cap
+B, G, T, S = 3, 4, 13, 4
+
+
+def _model(**kw):
+    c = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=8, max_position_embeddings=128, dtype="float32", param_dtype="float32", **kw)
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(  # std 0.3: sharp distributions, varied lengths and routes
+        lambda p, x: x if "scale" in jax.tree_util.keystr(p) else jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+        init_params(c, jax.random.PRNGKey(0)))
+    return c, params
+
+
+MODELS = {
+    "dense": {},
+    "window_softcap": dict(sliding_window=4, layer_types=("sliding_attention", "full_attention"), attn_softcap=3.0),
+    "moe": dict(model_type="qwen3_moe", qk_norm=True, num_experts=6, num_experts_per_tok=2,
+                moe_intermediate_size=16, norm_topk_prob=True),
+    "lora": dict(lora_rank=4, lora_targets=("q", "v", "o", "down")),
+}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return left_padded_batch(np.random.default_rng(5), [5, 9, 2], 61, pad=PAD)
+
+
+def _pair(config, params, prompts, pool, page=4, seed=3, **kw):
+    """(slots rollout, paged rollout) of the same draws; pool "tight": the fewest pages allowed."""
+    args = {**dict(max_new_tokens=T, num_samples=G, temperature=1.3, eos_ids=EOS, pad_id=PAD, decode_slots=S), **kw}
+    key = jax.random.PRNGKey(seed)
+    pages = pages_needed(prompts[0].shape[1], T, B, 1, page) if pool == "tight" else 64
+    return (generate(config, params, *prompts, key, **args),
+            generate(config, params, *prompts, key, kv_page_size=page, kv_pages=pages, **args))
+
+
+def _assert_same(a, b):
+    np.testing.assert_array_equal(np.asarray(a.mask), np.asarray(b.mask))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    for x, y in ((a.logprobs, b.logprobs), (a.behavior_logprobs, b.behavior_logprobs)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-5, rtol=1e-5)
+    if a.routes is not None:
+        np.testing.assert_array_equal(np.asarray(a.routes), np.asarray(b.routes))
+        np.testing.assert_array_equal(np.asarray(a.prompt_routes), np.asarray(b.prompt_routes))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_paged_equals_unpaged(name, prompts):
+    config, params = _model(**MODELS[name])
+    if name == "lora":  # adapters that change the outputs (b is zero at init)
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: x + 0.2 if "lora_b" in jax.tree_util.keystr(p) else x, params)
+    for pool, page in (("tight", 4), ("ample", 8))[:2 if name == "dense" else 1]:
+        a, b = _pair(config, params, prompts, pool, page)
+        _assert_same(a, b)
+        lengths = np.asarray(a.lengths)
+        assert lengths.min() < T and lengths.max() == T, lengths  # ragged: some rows end early, some at the cap
+        restarts, peak = map(int, np.asarray(b.page_stats))
+        if pool == "tight":  # the pool ran out: rows waited and restarted, and every page was in use
+            assert restarts > 0 and peak == pages_needed(prompts[0].shape[1], T, B, 1, page), (restarts, peak)
+        else:
+            assert restarts == 0 and peak <= 64
+
+
+@pytest.mark.parametrize("mode", [dict(temperature=0.0), dict(top_k=5, top_p=0.8), dict(min_p=0.2),
+                                  dict(repetition_penalty=1.7)])
+def test_every_sampling_mode(mode, prompts):
+    config, params = _model()
+    a, b = _pair(config, params, prompts, "tight", **mode)
+    _assert_same(a, b)
+    if mode.get("temperature") != 0.0:  # greedy rows never draw an EOS here: each slot keeps one row to the cap
+        assert int(np.asarray(b.page_stats)[0]) > 0  # a restarted row redraws (from its prompt's penalty set)
+
+
+def test_scanned_decode_step(prompts, monkeypatch):
+    """The stacked pools of the scanned step (layer kinds as data) against the unrolled step's."""
+    from jaxrl_llm.models import lm
+    monkeypatch.setattr(lm, "DECODE_UNROLL_MAX_LAYERS", 0)
+    config, params = _model(**MODELS["window_softcap"])
+    config = config.replace(logits_chunk=config.logits_chunk + 1)  # a fresh compile under the patch
+    assert not lm.decode_unrolled(config)
+    _assert_same(*_pair(config, params, prompts, "tight"))
+
+
+def test_one_slot_and_every_slot(prompts):
+    config, params = _model()
+    for slots in (1, B * G):
+        args = dict(max_new_tokens=T, num_samples=G, temperature=1.3, eos_ids=EOS, pad_id=PAD, decode_slots=slots)
+        a = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
+        b = generate(config, params, *prompts, jax.random.PRNGKey(3), kv_page_size=2,
+                     kv_pages=pages_needed(prompts[0].shape[1], T, B, 1, 2) + 3, **args)
+        _assert_same(a, b)
+
+
+def test_a_pool_too_small_or_without_slots_is_refused(prompts):
+    config, params = _model()
+    need = pages_needed(prompts[0].shape[1], T, B, 1, 4)  # 3 prompts x 3 pages + 4 pages of completion
+    assert need == 13
+    args = dict(max_new_tokens=T, num_samples=G, eos_ids=EOS, pad_id=PAD)
+    with pytest.raises(ValueError, match=r"^kv_pages=12 per row shard is fewer than the 13 pages of 4 tokens its 3 "
+                                         r"prompts of 9 tokens and one row of 13 new tokens need$"):
+        generate(config, params, *prompts, jax.random.PRNGKey(0), decode_slots=S, kv_page_size=4, kv_pages=12, **args)
+    with pytest.raises(ValueError, match="needs decode_slots > 0"):
+        generate(config, params, *prompts, jax.random.PRNGKey(0), kv_page_size=4, kv_pages=64, **args)
+
+
+def test_per_shard_pools_on_a_mesh_equal_one_device():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from xla_flags import with_flags
+    env["XLA_FLAGS"] = with_flags("--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "paged_worker.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["shards"] == 4 and out["restarts"] > 0, out
+    assert out["tokens_equal"] and out["mask_equal"] and out["logp_max_diff"] <= 1e-5, out

@@ -228,3 +228,14 @@ def test_the_planners_grouped_product_has_the_accelerator_kernels_buffers():
     with grouped_products_as_on_accelerators():
         assert jax.lax.ragged_dot is grouped_product
     assert jax.lax.ragged_dot is real
+
+
+def test_paged_cache_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "doc.md"
+    out.write_text("<!-- paged-cache:begin -->\n<!-- paged-cache:end -->\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "paged_cache.py"), "--toy", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    block = out.read_text()
+    for name in ("| unpaged S=2 |", "| paged S=2 |", "| paged S=8 |"):
+        assert name in block, block

@@ -11,6 +11,10 @@ the second crossing shard boundaries; with a sliding window (traced, as the deco
 static size) [and a soft cap: splash]; and a prompt prefix (one left-padded) shared by G = 2 rows.
 
     python tests/context_kernels_worker.py splash|cudnn [all|first|last] [mutate]
+    python tests/context_kernels_worker.py cudnn-model|splash-model
+
+The -model kinds: the decoder's trainer passes with the kernel forced (`model_cases`). splash-model (the
+Gemma-2-like model: windows, soft caps, LoRA; 77 s of CPU) is run by hand, not by the test.
 
 first / last: the first two or the last two of the cases (`CASES`; splash's interpreter is slow).
 `mutate`: each shard's first chunk's offset one chunk off (the check that the cases can fail).

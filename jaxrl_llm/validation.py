@@ -99,10 +99,6 @@ def _validate_model_and_data(c) -> None:
         _fail("train.pack_length", "0 with a router loss (model.router_aux_loss_coef / router_z_loss_coef > 0: "
               "packed rows do not return the router's sums)", c.train.pack_length)
     _check_choice(c, "model.attention", ATTENTION_IMPLS)
-    if c.model.attention in ("cudnn", "splash") and _is_int(c.mesh.sequence) and c.mesh.sequence > 1:
-        _fail("model.attention", f"auto or blockwise with mesh.sequence = {c.mesh.sequence} (a sequence axis runs "
-              "the blockwise kernel on each shard's query chunks: cudnn and splash take no query offset)",
-              c.model.attention)
     if c.model.attention == "cudnn" and {c.model.compute_dtype, c.rollout.compute_dtype} - {"", "bfloat16", "float16"}:
         _fail("model.attention", "auto, xla or blockwise with a float32 model.compute_dtype or "
               "rollout.compute_dtype (cuDNN attention runs bfloat16/float16 only)", c.model.attention)

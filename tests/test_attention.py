@@ -266,6 +266,21 @@ def test_auto_choice():
         pick("gpu", jnp.float32, name="cudnn")
 
 
+def test_choice_on_a_sequence_axis():
+    """With mesh.sequence > 1 (models/context_kernels.py) splash and cudnn run when named; xla runs as blockwise;
+    auto takes splash on a TPU and blockwise on a GPU (cuDNN would need a dense mask per query chunk)."""
+    choose = lambda backend, name="auto", **kw: kernels.choose_attention(
+        name, backend=backend, dtype=jnp.bfloat16, head_dim=64, keys=64, segments=False, sequence=True, **kw)
+    assert choose("tpu") == ("splash", "") and choose("tpu", "splash", softcap=True) == ("splash", "")
+    assert choose("gpu", "cudnn") == ("cudnn", "") and choose("gpu")[0] == "blockwise"
+    assert "dense mask" in choose("gpu")[1]
+    assert choose("cpu") == ("blockwise", "") and choose("cpu", "xla") == ("blockwise", "")
+    with pytest.raises(ValueError, match="'cudnn' does not support an attention soft cap"):
+        choose("gpu", "cudnn", softcap=True)
+    with pytest.raises(ValueError, match="train.pack_share_prompt=false"):
+        choose("tpu", "splash", branches=True)
+
+
 @pytest.mark.parametrize("name,backend,message", [
     ("cudnn", "cpu", r"config.model.attention='cudnn' needs a GPU \(cuDNN\), but JAX runs on cpu"),
     ("cudnn", "tpu", "needs a GPU"),
@@ -285,7 +300,9 @@ def test_run_config_checks_model_attention():
     assert VALIDATED == ATTENTION_IMPLS
     base = {"data.task": "digit_puzzles"}
     for name in ATTENTION_IMPLS:
-        config_lib.prepare(config_lib.from_dict({**base, "model.attention": name, "model.compute_dtype": "bfloat16"}))
+        for sequence in (1, 2):  # every kernel composes with a sequence axis (models/context_kernels.py)
+            config_lib.prepare(config_lib.from_dict({**base, "model.attention": name, "model.compute_dtype": "bfloat16",
+                                                     "mesh.sequence": sequence}))
     with pytest.raises(ValueError, match="config.model.attention must be one of auto, xla, blockwise"):
         config_lib.prepare(config_lib.from_dict({**base, "model.attention": "flash"}))
     with pytest.raises(ValueError, match="config.model.attention must be auto, xla or blockwise with a float32"):

@@ -138,8 +138,6 @@ def test_a_budget_below_the_longest_row_is_refused(tmp_path):
                               r"axis to split it over chips\), got 18"),
                              ({"train.max_tokens_per_microbatch": 9, "mesh.sequence": 2},  # a row over 2 chips
                               r"= 19 tokens over mesh.sequence = 2 chips: 10 per chip, got 9"),
-                             ({"mesh.sequence": 2, "model.attention": "splash"},  # no query offset in splash
-                              r"config.model.attention must be auto or blockwise with mesh.sequence = 2"),
                              ({"train.max_tokens_per_microbatch": 30, "train.pack_length": 32},
                               "room for one packed row, train.pack_length = 32 tokens"),
                              ({"train.max_tokens_per_microbatch": 40, "train.grad_accum": 2},

@@ -13,7 +13,9 @@ Where it applies: `sharding.use_mesh(mesh, sequence=True)` maps the logical `len
     the row's keys and values; each of its two query chunks attends causally to the whole gathered row
     with the blockwise kernel (models/attention.py `flash_attention`, given the chunk's offset in the row:
     only the key blocks at or below its diagonal are visited), and a prompt prefix (the trainer's
-    prompt-shared pass) is gathered and attended the same way, merged by log-sum-exps;
+    prompt-shared pass) is gathered and attended the same way, merged by log-sum-exps; or (`impl`) with
+    splash or cuDNN, whose masks are static: one `lax.switch` branch per shard index, built with its two
+    chunks' static offsets, the prefix inlined as keys (models/context_kernels.py);
   * restores the token order of its outputs (hidden states, keys/values, MoE routes) and removes the padding.
 
 All-gather of keys and values, not a ring: K/V are Hkv*hd wide, H/Hkv times narrower than the queries
@@ -94,7 +96,8 @@ def from_layout(x, shards: int, length: int, axis: int = 1):
 
 def sequence_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, shards: int, positions=None,
                     window=None, softcap=None, scale=None, block_q: int = DEFAULT_BLOCK_Q,
-                    block_k: int = DEFAULT_BLOCK_K, axis: str = AXIS):
+                    block_k: int = DEFAULT_BLOCK_K, axis: str = AXIS, impl: str = "blockwise",
+                    window_size=None, reference: bool = False):
     """Causal self-attention of this shard's queries over the whole row, inside shard_map over `axis`.
 
     Local shapes (this shard's block of the zigzag layout: chunks i and 2C-1-i of the row, c tokens each,
@@ -102,8 +105,11 @@ def sequence_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, shards:
     (segment, branch) pair (kernels.py); positions (N,s) int, the tokens' positions (windows with branch
     ids, and the prefix's window); window None or an int32 scalar: query i sees key j only if i - j < window
     (global indices; positions with branches); prefix None or (pk, pv (B,p,Hkv,hd), pmask (B,p)): this
-    shard's block of the prompts' zigzag layout, row n = b*G + g seeing prompt b. Returns (N,s,H,hd)
-    in q.dtype: what `attention.blockwise_attend` gives these queries on the whole rows.
+    shard's block of the prompts' zigzag layout, row n = b*G + g seeing prompt b. impl: blockwise, splash
+    or cudnn (models/context_kernels.py; window_size: their static window; reference: splash in Pallas'
+    interpreter, cuDNN's call through JAX's 'xla' reference, for CPU tests). Returns (N,s,H,hd) in
+    q.dtype: what `attention.blockwise_attend` gives these queries on the whole rows (splash: zeros at
+    masked queries, whose outputs are not specified).
     """
     n, s = q.shape[:2]
     c = s // 2
@@ -119,6 +125,17 @@ def sequence_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, shards:
     k_all, v_all, seg_all = gather(k), gather(v), gather(kv_seg)
     br_all = None if branch is None else gather(branch.astype(jnp.int32))
     pos_all = None if branch is None or window is None else gather(positions.astype(jnp.int32))
+    if impl != "blockwise":
+        from jaxrl_llm.models import context_kernels as kernels
+        pre = None if prefix is None else (gather(prefix[0]), gather(prefix[1]),
+                                           gather(prefix[2].astype(jnp.int32)) > 0)
+        if impl == "splash":
+            return kernels.splash_chunks(q, k_all, v_all, jnp.where(key_mask.astype(bool), seg + 1, 0), seg_all + 1,
+                                         pre, shards=shards, axis=axis, window=window, window_size=window_size,
+                                         softcap=softcap, scale=scale, interpret=reference)
+        return kernels.cudnn_chunks(q, k_all, v_all, seg, seg_all, pre, shards=shards, axis=axis, window=window,
+                                    positions=positions, positions_all=pos_all, branch=branch, branch_all=br_all,
+                                    scale=scale, implementation="xla" if reference else "cudnn")
     keys = k_all.shape[1]
     outs, lses = [], []
     for part, chunk in enumerate((i, 2 * shards - 1 - i)):

@@ -13,7 +13,10 @@ key mask and segment ids [+ the prefix], and returns (N,S,H,hd):
   * splash: the Pallas splash-attention kernel, TPU only; windows (LocalMask) and soft caps;
   * auto: cudnn on GPU where it applies (`choose_attention` says why not), splash on TPU, and on CPU xla
     below `CPU_BLOCKWISE_MIN_KEYS` keys per query and blockwise from there (measured:
-    benchmarks/attention.py, docs/attention.md).
+    benchmarks/attention.py, docs/attention.md);
+  * with a `sequence` mesh axis (`attend(sequence=C)`): blockwise, splash or cudnn per shard, on its query
+    chunks against the gathered row (models/context.py, models/context_kernels.py); xla runs as
+    blockwise there, and auto takes splash on TPU, blockwise on GPU and CPU.
 
 Outputs at query positions whose own mask is 0 are not specified (padding; every caller ignores them)
 except that they are finite; a query that sees no key gets zeros in blockwise, cudnn and splash.
@@ -50,14 +53,18 @@ def cudnn_supports(dtype, head_dim: int) -> bool:
 
 
 def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int, segments: bool,
-                     windowed: bool = False, softcap: bool = False, branches: bool = False) -> tuple[str, str]:
+                     windowed: bool = False, softcap: bool = False, branches: bool = False,
+                     sequence: bool = False) -> tuple[str, str]:
     """(the implementation `name` runs as, why `auto` did not take the backend's kernel or ""). `auto`
     becomes a concrete one, the others are checked (a one-line ValueError).
     branches: packed rows whose prompt its completions share (segment and branch ids): splash has no
     such mask (auto takes blockwise on a TPU; naming splash is an error).
     windowed / softcap: the layer has a sliding window / an attention soft cap. Every implementation takes
     windows; cuDNN (as `jax.nn.dot_product_attention` exposes it) has no soft cap, so `auto` takes
-    blockwise for Gemma 2 on a GPU and naming cudnn there is an error."""
+    blockwise for Gemma 2 on a GPU and naming cudnn there is an error.
+    sequence: the rows are split over a `sequence` mesh axis (models/context.py): xla runs as blockwise
+    there, and `auto` on a GPU takes blockwise, cuDNN needing an explicit mask per query chunk
+    (models/context_kernels.py; naming cudnn takes it)."""
     check_attention(name, backend)
     if name == "cudnn" and softcap:
         raise ValueError("config.model.attention='cudnn' does not support an attention soft cap (Gemma 2: "
@@ -69,7 +76,9 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
         raise ValueError("config.model.attention='splash' has no mask for a prompt shared by its packed "
                          "completions: set train.pack_share_prompt=false, or use auto or blockwise")
     if name != "auto":
-        return name, ""
+        return ("blockwise" if sequence and name == "xla" else name), ""
+    if backend == "gpu" and sequence and not softcap and cudnn_supports(dtype, head_dim):
+        return "blockwise", "a sequence shard's query chunks would need a dense mask in cuDNN (no causal offset)"
     if backend == "gpu":
         if softcap:
             return "blockwise", "cuDNN has no attention soft cap"
@@ -81,7 +90,7 @@ def choose_attention(name: str, *, backend: str, dtype, head_dim: int, keys: int
     if backend == "tpu":
         return ("blockwise", "splash has no mask for a prompt shared by packed completions") if branches \
             else ("splash", "")  # (the trainer shares no prompt where auto gives splash: packs.shares_prompt)
-    return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS else "xla", ""
+    return "blockwise" if keys >= CPU_BLOCKWISE_MIN_KEYS or sequence else "xla", ""
 
 
 def resolve_attention(name: str, **kw) -> str:
@@ -89,16 +98,18 @@ def resolve_attention(name: str, **kw) -> str:
     return choose_attention(name, **kw)[0]
 
 
-def explain_attention(config, backend: str) -> list[str]:
+def explain_attention(config, backend: str, sequence: bool = False) -> list[str]:
     """One line per layer kind of `config` (a ModelConfig: attention, dtype, head_dim, sliding_layers,
-    attn_softcap) saying which implementation long unpacked sequences take and why `auto` fell back.
+    attn_softcap) saying which implementation long unpacked sequences take [split over a `sequence` mesh
+    axis] and why `auto` fell back.
     Raises the one-line error of an implementation the model cannot use (setup calls it before loading)."""
     kinds = sorted({"sliding" if s else "full" for s in config.sliding_layers}, reverse=True)
     lines = []
     for kind in kinds:  # the kinds share one scanned body: a window on one means a (traced) window on all
         impl, why = choose_attention(config.attention, backend=backend, dtype=config.dtype,
                                      head_dim=config.head_dim, keys=CPU_BLOCKWISE_MIN_KEYS, segments=False,
-                                     windowed="sliding" in kinds, softcap=config.attn_softcap is not None)
+                                     windowed="sliding" in kinds, softcap=config.attn_softcap is not None,
+                                     sequence=sequence)
         lines.append(f"model.attention={config.attention} on {backend}, {kind}-attention layers: {impl}"
                      + (f" ({why})" if why else ""))
     return lines
@@ -115,19 +126,19 @@ def attend(name: str, q, k, v, key_mask, segment_ids=None, prefix=None, *, block
     of the windowed layers, which a traced `window` equals or exceeds every sequence (cudnn and splash
     build static masks: prefix.with_static_window). positions (N,S) int: the queries'.
     sequence > 1: the rows are in models/context.py's zigzag layout, their tokens split over the `sequence`
-    mesh axis: the blockwise kernel runs per shard on the gathered keys/values (`xla` and `auto` take
-    it; cudnn and splash take no query offset: refused). prefix is then the prompts in the same layout."""
-    if sequence > 1:
-        if name in ("cudnn", "splash"):
-            raise ValueError(f"config.model.attention={name!r} cannot run with mesh.sequence > 1 (its masks take no "
-                             f"query offset); use auto or blockwise")
-        from jaxrl_llm.models.context import sequence_attention  # (context imports this module's neighbours)
-        return sequence_attention(q, k, v, key_mask, segment_ids, prefix, shards=sequence, positions=positions,
-                                  window=window, block_q=block, block_k=block, scale=scale, softcap=softcap)
+    mesh axis: each shard's query chunks attend to the gathered keys/values by blockwise (`xla` runs as
+    it; `auto` takes it on CPU and GPU), splash or cudnn (models/context_kernels.py: static masks at each
+    shard's chunk offsets). prefix is then the prompts in the same layout."""
     keys = q.shape[1] + (0 if prefix is None else prefix[0].shape[1])
     impl = resolve_attention(name, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
                              keys=keys, segments=segment_ids is not None, windowed=window is not None,
-                             softcap=softcap is not None, branches=split_segments(segment_ids)[1] is not None)
+                             softcap=softcap is not None, branches=split_segments(segment_ids)[1] is not None,
+                             sequence=sequence > 1)
+    if sequence > 1:
+        from jaxrl_llm.models.context import sequence_attention  # (context imports this module's neighbours)
+        return sequence_attention(q, k, v, key_mask, segment_ids, prefix, shards=sequence, positions=positions,
+                                  window=window, block_q=block, block_k=block, scale=scale, softcap=softcap,
+                                  impl="blockwise" if impl == "xla" else impl, window_size=window_size)
     if impl == "xla":
         return dense_attend(q, k, v, dense_mask(key_mask, segment_ids, window, positions), prefix, scale=scale,
                             softcap=softcap, window=window, positions=positions)

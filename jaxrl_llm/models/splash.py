@@ -22,9 +22,11 @@ from jaxrl_llm.models.prefix import inline_prefix, with_static_window
 BLOCK = 128  # splash tile (query, key, and the backward's); sequences are padded to a multiple of it
 
 
-def _kernel(heads: int, length: int, interpret: bool, window: int | None = None, softcap: float | None = None):
+def splash_kernel(heads: int, length: int, interpret: bool, window: int | None = None,
+                  softcap: float | None = None, q_length: int | None = None, offset: int = 0):
     """The splash kernel of one causal (length x length) mask [within the window] [soft-capped], for
-    `heads` query heads. Built per call, not cached: it holds its mask's arrays, and one built while
+    `heads` query heads [(q_length x length), query i at key index i + offset: models/context_kernels.py].
+    Built per call, not cached: it holds its mask's arrays, and one built while
     flax's scan traces a layer body holds that trace's values (a cached one leaked into the next trace,
     the model's prefill then completion pass: tests/test_attention_windows_model.py). The windowed mask
     is block-sparse: the kernel skips the tiles wholly outside the window, as those above the diagonal."""
@@ -32,15 +34,17 @@ def _kernel(heads: int, length: int, interpret: bool, window: int | None = None,
     b = BLOCK
     sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
                           block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    return sk.make_splash_mha(splash_mask(heads, length, window), head_shards=1, q_seq_shards=1,
+    return sk.make_splash_mha(splash_mask(heads, length, window, q_length, offset), head_shards=1, q_seq_shards=1,
                               block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=softcap), sk
 
 
-def splash_mask(heads: int, length: int, window: int | None = None):
-    """The kernel's static `MultiHeadMask`: causal, or causal within the window (LocalMask, see above)."""
+def splash_mask(heads: int, length: int, window: int | None = None, q_length: int | None = None, offset: int = 0):
+    """The kernel's static `MultiHeadMask`: causal, or causal within the window (LocalMask, see above), over
+    `length` keys; q_length queries (default `length`), query i standing at key index i + offset."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-    one = sm.CausalMask((length, length)) if window is None else \
-        sm.LocalMask((length, length), window_size=(window - 1, 0), offset=0)
+    shape = (length if q_length is None else q_length, length)
+    one = sm.CausalMask(shape, offset=offset) if window is None else \
+        sm.LocalMask(shape, window_size=(window - 1, 0), offset=offset)
     return sm.MultiHeadMask([one for _ in range(heads)])
 
 
@@ -63,7 +67,7 @@ def splash_attend(q, k, v, key_mask, segment_ids=None, prefix=None, *, softcap=N
 
     # Built before `lax.cond` traces its branches, which close over them.
     static = (window,) if window is None or isinstance(window, int) else (window_size, None)
-    kernels = {w: _kernel(h, length, interpret, w, cap) for w in static}
+    kernels = {w: splash_kernel(h, length, interpret, w, cap) for w in static}
 
     def run(w):
         kernel, sk = kernels[w]

@@ -101,7 +101,7 @@ def load_model_config(c: ml_collections.ConfigDict):
                          f"{c.data.max_prompt_length + c.rollout.max_new_tokens} exceeds the model's "
                          f"max_position_embeddings {mc.max_position_embeddings}")
     mc = mc.replace(**model_fields(c))
-    for line in explain_attention(mc, jax.default_backend()):  # an implementation the model cannot use fails here
+    for line in explain_attention(mc, jax.default_backend(), c.mesh.sequence > 1):  # one the model cannot use fails
         log.info(line)
     return model_path, tokenizer, mc, eos_ids, pad_id
 

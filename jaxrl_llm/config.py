@@ -156,7 +156,7 @@ def _env(c: ml_collections.ConfigDict) -> None:
     """Multi-turn episodes."""
     # Multi-turn episodes with an environment (jaxrl_llm/envs, docs/environments.md); off by default.
     c.env = ml_collections.ConfigDict()
-    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools, openenv, agent) or "module:Class"
+    c.env.name = ""  # "" = off (single turn); a registered environment (guess_digit, tools, openenv, agent, verifiers) or "module:Class"
     c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the environment: env.kwargs.<arg>
     c.env.max_turns = 4  # model turns per episode at most; rollout.max_new_tokens bounds all its tokens
     c.env.max_turn_tokens = 0  # tokens of one model turn at most; 0 = rollout.max_new_tokens

@@ -14,6 +14,8 @@
   `openenv` (envs/openenv_env.py)    an OpenEnv server's environment through openenv-core's client (by name)
   AgentEnvironment                   `agent`: agent(client, task) -> reward against an OpenAI-compatible
                                        endpoint over the policy (envs/endpoint.py)
+  `verifiers` (envs/verifiers_env.py) a verifiers.v1 environment (taskset, harness, rubric) through that
+                                       endpoint, its rubric's score the reward (by name)
 
 Imports nothing heavy (config validation reads the registry); transformers and the code sandbox are
 imported on first use.

@@ -31,6 +31,11 @@ Faults end the episode, never the run: `EpisodeFailed` with one of the statuses 
 `timeout` (the agent held its turns longer than `timeout_s` in all, waiting for the model not counted),
 `bad_reward`, `bad_request`, `disconnected` (the agent failed while the endpoint was not serving).
 A thread cannot be killed: an agent past its timeout is abandoned (its later requests get HTTP 400).
+An agent that raises `EpisodeFailed(status, message)` names its episode's status itself.
+
+Routes: `POST /ep/<episode>/v1/chat/completions` (each agent's base URL), and `POST /v1/chat/completions`
+with an `X-Session-ID` header the environment registered for an episode (`_Server.aliases`): one base
+URL for every episode, for clients that keep one connection pool per URL (envs/verifiers_env.py).
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ from jaxrl_llm.envs.toolcalls import parse_tool_calls
 
 _OBSERVATION_ROLES = ("user", "tool", "system")
 _MAX_BODY = 16 << 20  # bytes of one request
+SESSION_HEADER = "X-Session-ID"  # names the episode of a request to the shared route /v1/chat/completions
 
 
 class _Episode:
@@ -137,7 +143,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up on the request (its timeout)
+            self.close_connection = True
 
     def do_GET(self):  # noqa: N802 - http.server's name
         self._reply(404, _error("not_found", f"no route GET {self.path}"))
@@ -147,12 +156,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         parts = self.path.split("?")[0].strip("/").split("/")
+        if parts == ["v1", "chat", "completions"]:  # the shared route: the session header names the episode
+            parts = ["ep", self.server.aliases.get(self.headers.get(SESSION_HEADER, ""), ""), *parts]
         episode = self.server.episodes.get(parts[1]) if len(parts) == 5 and parts[0] == "ep" else None
         if episode is None or parts[2:] != ["v1", "chat", "completions"]:
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(min(length, _MAX_BODY))
             return self._reply(404, _error("not_found", f"no episode or route at {self.path} (only "
-                                                        "/ep/<episode>/v1/chat/completions is served)"))
+                                                        "/ep/<episode>/v1/chat/completions is served, and "
+                                                        f"/v1/chat/completions with a known {SESSION_HEADER})"))
         length = int(self.headers.get("Content-Length") or 0)
         if length > _MAX_BODY:
             episode.events.put(("request", None, queue.Queue(1)))  # fails the episode as a bad request
@@ -168,10 +180,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The listen backlog: every agent of a batch may connect at once while the trainer's thread holds the
+    # interpreter (compiling); past socketserver's 5 the kernel drops their SYNs and retries them seconds later.
+    request_queue_size = 1024
 
     def __init__(self):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.episodes: dict[str, _Episode] = {}
+        self.aliases: dict[str, str] = {}  # SESSION_HEADER value -> episode key (envs/verifiers_env.py)
         self.alive = True
         self.thread = threading.Thread(target=self.serve_forever, name="jaxrl-endpoint", daemon=True)
         self.thread.start()
@@ -271,10 +287,9 @@ class AgentEnvironment(Environment):
         context, about 0.25 s): a pool without limits, as every waiting agent holds a connection."""
         with self._lock:
             if self._http_client is None:
-                try:  # openai's own HTTP library: httpx2 from openai 3 on (it requires no httpx), httpx before
-                    import httpx2 as httpx
-                except ImportError:
-                    import httpx
+                import openai._base_client as openai_http  # openai's own HTTP library: httpx2 from openai 3
+                httpx = getattr(openai_http, "httpx2", None) or openai_http.httpx  # on, httpx before (both may
+                # be installed: verifiers requires httpx2 and openai 2)
                 # TCP_NODELAY: httpx writes a request's headers and body apart; with Nagle the body waits
                 # for the server's delayed ACK of the headers (40 ms a request on Linux).
                 transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
@@ -393,6 +408,8 @@ class AgentEnvironment(Environment):
 
     def _ended_early(self, ep: _Episode) -> EpisodeFailed:
         kind, value = ep.result
+        if kind == "raise" and isinstance(value, EpisodeFailed):  # the agent named its status
+            return value
         if kind == "raise":
             server_down = self._server is None or not self._server.alive
             return EpisodeFailed("disconnected" if server_down else "agent_error",

@@ -18,11 +18,13 @@ _BUILTINS = {
     "tools": "jaxrl_llm.envs.tools:ToolEnvironment",
     "openenv": "jaxrl_llm.envs.openenv_env:OpenEnvEnvironment",
     "agent": "jaxrl_llm.envs.endpoint:AgentEnvironment",
+    "verifiers": "jaxrl_llm.envs.verifiers_env:VerifiersEnvironment",
 }
 # Built-ins whose config can be checked before anything is loaded: name -> 'module:function(kwargs)'
 # raising a one-line ValueError (a missing package, a missing option).
 _CONFIG_CHECKS = {
     "openenv": "jaxrl_llm.envs.openenv_env:check_config",
+    "verifiers": "jaxrl_llm.envs.verifiers_env:check_config",
 }
 
 

@@ -100,14 +100,20 @@ def token_axes(tokens: int) -> tuple[str, ...]:
 def local_grouped_experts(x, experts, weights, gate, up, down, dtype) -> jax.Array:
     """`grouped_experts` with each token shard's pairs sorted and computed on its own chip: shard_map over
     `token_axes` (manual), the expert weights whole along those axes (gathered, as FSDP gathers a layer's
-    weights) and left to the partitioner along the others (the `expert` axis, `tensor`)."""
+    weights) and left to the partitioner along the others (the `expert` axis, `tensor`). On XLA:CPU in bfloat16
+    with such other axes, the global dispatch (see below)."""
     axes = token_axes(x.shape[0])
-    if not axes:
+    mesh = jax.sharding.get_abstract_mesh()
+    others = [a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1]  # e.g. expert, tensor
+    # XLA:CPU aborts compiling the backward of a shard_map manual over some axes only in bfloat16 ("Invalid
+    # binary instruction opcode copy", jax 0.10.2; tests/test_moe_local.py): there, the global dispatch.
+    partial_bf16_cpu = others and jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32
+    if not axes or partial_bf16_cpu:
         return grouped_experts(x, experts, weights, gate, up, down, dtype)
     tok, whole = Spec(axes), Spec()
+    manual = {"axis_names": frozenset(axes)} if others else {}  # no other axis: manual over all (size-1 ones too)
     return jax.shard_map(lambda *a: grouped_experts(*a, dtype), in_specs=(tok, tok, tok, whole, whole, whole),
-                         out_specs=tok, axis_names=frozenset(axes), check_vma=False)(x, experts, weights, gate, up,
-                                                                                     down)
+                         out_specs=tok, check_vma=False, **manual)(x, experts, weights, gate, up, down)
 
 
 def moe_mlp(config: ModelConfig, w: dict, x: jax.Array, replay: jax.Array | None = None,

@@ -9,25 +9,18 @@ environment's turn rewards (none for `tools`). Everything else is configs/grpo_g
 budget (`rollout.max_new_tokens`) covers the model's turns and the tool results together.
 `arg` may name another group algorithm, as in configs/grpo_gsm8k.py.
 """
-import importlib.util
 import os
+
+from jaxrl_llm.config import from_file
 
 SYSTEM_PROMPT = ("Please reason step by step. You may run Python with the `python` tool to compute; print the "
                  "values you need. When you know the answer, reply without a tool call and put your final "
                  "answer within \\boxed{}.")
 
 
-def _gsm8k_config(arg):
-    """configs/grpo_gsm8k.py's config (loaded by path: config files are not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "grpo_gsm8k.py")
-    spec = importlib.util.spec_from_file_location("_grpo_gsm8k", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
 
 def get_config(arg=None):
-    c = _gsm8k_config(arg)
+    c = from_file(os.path.join(os.path.dirname(__file__), "grpo_gsm8k.py"), arg)
     c.model.path = "Qwen/Qwen2.5-1.5B-Instruct"  # its chat template renders tools; 0.5B works too
     c.data.system_prompt = SYSTEM_PROMPT
 

@@ -7,21 +7,13 @@ for token; only the path differs.
   pip install openai
   python -m jaxrl_llm.train --config=configs/tiny_agent.py --workdir=/tmp/tiny_agent
 """
-import importlib.util
 import os
 
-
-def _tiny_multiturn_config(arg):
-    """configs/tiny_multiturn.py's config (loaded by path: config files are not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "tiny_multiturn.py")
-    spec = importlib.util.spec_from_file_location("_tiny_multiturn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+from jaxrl_llm.config import from_file
 
 
 def get_config(arg=None):
-    c = _tiny_multiturn_config(arg)
+    c = from_file(os.path.join(os.path.dirname(__file__), "tiny_multiturn.py"), arg)
     c.env.name = "agent"
     c.env.kwargs.agent = "jaxrl_llm.envs.agents:guess_digit"
     c.env.kwargs.chat = False  # the built-in tiny model has no chat template: messages joined as text

@@ -12,20 +12,13 @@ to 0.661 (the last 30 steps) and held-out pass@1 from 0.040 to 0.721: past the f
 hence using the replies, and past the bar 0.521 (initial + half the headroom to 1) at step 193. The curve
 is in docs/environments.md.
 """
-import importlib.util
 import os
 
-
-def _tiny_config(arg):
-    """configs/tiny.py's config (loaded by path: config files are not a package)."""
-    spec = importlib.util.spec_from_file_location("_tiny", os.path.join(os.path.dirname(__file__), "tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+from jaxrl_llm.config import from_file
 
 
 def get_config(arg=None):
-    c = _tiny_config(arg)
+    c = from_file(os.path.join(os.path.dirname(__file__), "tiny.py"), arg)
     c.total_steps = 300
     c.data.task = "guess_digit"
     c.data.prompt_column = "prompt"

@@ -10,21 +10,13 @@ configs/tiny_multiturn.py for the same seed (tests/test_envs_openenv.py checks a
 guess_digit), so the same learning curve (docs/environments.md); each step adds the server's round trips.
 A server already running: env.kwargs.base_url="http://host:port" instead of env.kwargs.app.
 """
-import importlib.util
 import os
 
-
-def _tiny_multiturn_config(arg):
-    """configs/tiny_multiturn.py's config (loaded by path: config files are not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "tiny_multiturn.py")
-    spec = importlib.util.spec_from_file_location("_tiny_multiturn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+from jaxrl_llm.config import from_file
 
 
 def get_config(arg=None):
-    c = _tiny_multiturn_config(arg)
+    c = from_file(os.path.join(os.path.dirname(__file__), "tiny_multiturn.py"), arg)
     c.env.name = "openenv"
     c.env.kwargs.app = "tests.openenv_guess_server:app"  # module:app of create_app/create_fastapi_app
     c.env.kwargs.reset_columns = ("hidden",)  # the row's hidden digit goes to the server's reset(hidden=...)

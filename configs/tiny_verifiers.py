@@ -12,21 +12,13 @@ imported from; an installed verifiers environment needs no path). The rubric's `
 reward, so for the same seed the run is configs/tiny_multiturn.py's (tests/test_envs_verifiers.py checks
 two training steps metric for metric); each step adds verifiers' rollout machinery per episode.
 """
-import importlib.util
 import os
 
-
-def _tiny_multiturn_config(arg):
-    """configs/tiny_multiturn.py's config (loaded by path: config files are not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "tiny_multiturn.py")
-    spec = importlib.util.spec_from_file_location("_tiny_multiturn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+from jaxrl_llm.config import from_file
 
 
 def get_config(arg=None):
-    c = _tiny_multiturn_config(arg)
+    c = from_file(os.path.join(os.path.dirname(__file__), "tiny_multiturn.py"), arg)
     c.env.name = "verifiers"
     c.env.kwargs.taskset = "verifiers_guess"  # the verifiers taskset id: a top-level module
     c.env.kwargs.path = "tests"  # imported from here (a local environment, not an installed package)

@@ -346,6 +346,20 @@ def _set_path(c, path: str, value):
     c[leaf] = value
 
 
+def from_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config(arg)` of the config file at `path` (config files are not a package: one config builds on
+    another, e.g. configs/tiny_multiturn.py on configs/tiny.py, by loading it by path)."""
+    import importlib.util
+    import os
+    name = "_config_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"config file {path!r} cannot be loaded (expected a Python file with get_config)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy with every placeholder still None filled from the preset of `config.algo`."""
     if config.algo not in PRESETS:

@@ -34,16 +34,14 @@ A thread cannot be killed: an agent past its timeout is abandoned (its later req
 An agent that raises `EpisodeFailed(status, message)` names its episode's status itself.
 
 Routes: `POST /ep/<episode>/v1/chat/completions` (each agent's base URL), and `POST /v1/chat/completions`
-with an `X-Session-ID` header the environment registered for an episode (`_Server.aliases`): one base
+with an `X-Session-ID` header the environment registered for an episode (`EndpointServer.aliases`): one base
 URL for every episode, for clients that keep one connection pool per URL (envs/verifiers_env.py).
 """
 from __future__ import annotations
 
-import http.server
 import importlib.util
 import json
 import math
-import queue
 import secrets
 import socket
 import threading
@@ -53,149 +51,10 @@ from typing import Any, Callable
 
 from jaxrl_llm.envs.base import Environment, EpisodeFailed, StepResult
 from jaxrl_llm.envs.registry import import_object, register_env
+from jaxrl_llm.envs.endpoint_http import EndpointServer, EpisodeChannel, error_body
 from jaxrl_llm.envs.toolcalls import parse_tool_calls
 
 _OBSERVATION_ROLES = ("user", "tool", "system")
-_MAX_BODY = 16 << 20  # bytes of one request
-SESSION_HEADER = "X-Session-ID"  # names the episode of a request to the shared route /v1/chat/completions
-
-
-class _Episode:
-    """One agent episode: the agent's thread, its queue of events (requests, its return) and the
-    conversation as the agent must send it back."""
-
-    def __init__(self, key: str, timeout_s: float):
-        self.key, self.timeout_s = key, timeout_s
-        self.events: queue.Queue = queue.Queue()
-        self.lock = threading.Lock()
-        self.closed = False
-        self.pending: queue.Queue | None = None  # the reply slot of the request waiting for the model
-        self.sent: list[dict] = []  # the conversation: the agent's messages and our assistant replies
-        self.replies: list[tuple[str, dict]] = []  # per turn: (raw turn text, the assistant message sent)
-        self.tools: list | None = None
-        self.used_s = 0.0  # time the agent held its turns
-        self.result: tuple[str, Any] | None = None  # ("return", value) or ("raise", exception), once ended
-        self.turns = 0
-        self.server: _Server | None = None
-
-    # -- from HTTP handler threads --
-    def submit(self, body: Any) -> tuple[int, dict]:
-        slot: queue.Queue = queue.Queue(1)
-        with self.lock:
-            if self.closed:
-                return 400, _error("episode_over", "this episode is over (its turn limit or token budget is "
-                                                   "spent, or it failed): return the reward")
-            self.events.put(("request", body, slot))
-        return slot.get()
-
-    # -- from the environment's threads --
-    def wait(self) -> tuple[str, Any, Any]:
-        """The agent's next event, within what is left of its time; EpisodeFailed('timeout') past it."""
-        start = time.perf_counter()
-        try:
-            event = self.events.get(timeout=max(self.timeout_s - self.used_s, 0.0))
-        except queue.Empty:
-            raise EpisodeFailed("timeout", f"the agent ran past its {self.timeout_s:g} s") from None
-        finally:
-            self.used_s += time.perf_counter() - start
-        if event[0] == "request":
-            return event
-        self.result = event[:2]
-        return (*event[:2], None)
-
-    def answer(self, code: int, payload: dict) -> None:
-        if self.pending is not None:
-            self.pending.put((code, payload))
-            self.pending = None
-
-    def close(self, code: int = 400, payload: dict | None = None) -> None:
-        """Ends the episode for the agent: the pending request gets (code, payload), every later one 400."""
-        over = _error("episode_over", "this episode is over: return the reward")
-        with self.lock:
-            self.closed = True
-            self.answer(code, payload or over)
-            while True:
-                try:
-                    event = self.events.get_nowait()
-                except queue.Empty:
-                    break
-                if event[0] == "request":
-                    event[2].put((400, over))
-                elif self.result is None:
-                    self.result = event[:2]
-
-
-def _error(code: str, message: str) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall per reply
-    server: "_Server"
-
-    def log_message(self, *args):  # no stderr line per request
-        pass
-
-    def _reply(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        try:
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up on the request (its timeout)
-            self.close_connection = True
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self._reply(404, _error("not_found", f"no route GET {self.path}"))
-
-    def do_POST(self):  # noqa: N802
-        if not self.server.alive:  # a stopped server drops its kept-alive connections too
-            self.close_connection = True
-            return
-        parts = self.path.split("?")[0].strip("/").split("/")
-        if parts == ["v1", "chat", "completions"]:  # the shared route: the session header names the episode
-            parts = ["ep", self.server.aliases.get(self.headers.get(SESSION_HEADER, ""), ""), *parts]
-        episode = self.server.episodes.get(parts[1]) if len(parts) == 5 and parts[0] == "ep" else None
-        if episode is None or parts[2:] != ["v1", "chat", "completions"]:
-            length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(min(length, _MAX_BODY))
-            return self._reply(404, _error("not_found", f"no episode or route at {self.path} (only "
-                                                        "/ep/<episode>/v1/chat/completions is served, and "
-                                                        f"/v1/chat/completions with a known {SESSION_HEADER})"))
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > _MAX_BODY:
-            episode.events.put(("request", None, queue.Queue(1)))  # fails the episode as a bad request
-            self.close_connection = True
-            return self._reply(413, _error("too_large", f"request body over {_MAX_BODY} bytes"))
-        try:
-            body = json.loads(self.rfile.read(length) or b"null")
-        except (ValueError, UnicodeDecodeError):
-            body = None  # malformed JSON: refused by the episode's check, which fails it
-        self._reply(*episode.submit(body))
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # The listen backlog: every agent of a batch may connect at once while the trainer's thread holds the
-    # interpreter (compiling); past socketserver's 5 the kernel drops their SYNs and retries them seconds later.
-    request_queue_size = 1024
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.episodes: dict[str, _Episode] = {}
-        self.aliases: dict[str, str] = {}  # SESSION_HEADER value -> episode key (envs/verifiers_env.py)
-        self.alive = True
-        self.thread = threading.Thread(target=self.serve_forever, name="jaxrl-endpoint", daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.alive = False
-        self.shutdown()
-        self.server_close()
 
 
 def _text(content: Any, where: str) -> str:
@@ -269,17 +128,17 @@ class AgentEnvironment(Environment):
                 raise ValueError("env.name=agent with client='openai' needs the openai package: "
                                  "pip install openai (or env.kwargs.client='url')")
         self.agent, self.timeout_s, self.client, self.chat = agent, float(timeout_s), client, bool(chat)
-        self._server: _Server | None = None
+        self._server: EndpointServer | None = None
         self._tools: list | None = None
         self._tools_set = False
         self._http_client = None
         self._lock = threading.Lock()
 
     # -- the server --
-    def _serve(self) -> _Server:
+    def _serve(self) -> EndpointServer:
         with self._lock:
             if self._server is None or not self._server.alive:  # (re)started: a dead server does not stop the run
-                self._server = _Server()
+                self._server = EndpointServer()
             return self._server
 
     def _http(self):
@@ -316,10 +175,10 @@ class AgentEnvironment(Environment):
         first requests come in parallel rather than one reset after the other."""
         self._started = [(row, self._launch(row)) for row in rows]
 
-    def _launch(self, row) -> _Episode:
+    def _launch(self, row) -> EpisodeChannel:
         server = self._serve()
         key = secrets.token_hex(8)
-        ep = _Episode(key, self.timeout_s)
+        ep = EpisodeChannel(key, self.timeout_s)
         ep.server = server
         server.episodes[key] = ep
         url = f"http://127.0.0.1:{server.server_address[1]}/ep/{key}/v1"
@@ -362,7 +221,7 @@ class AgentEnvironment(Environment):
             raise
         return (messages if self.chat else "".join(m["content"] for m in messages)), ep
 
-    def step(self, ep: _Episode, turn_text: str) -> StepResult:
+    def step(self, ep: EpisodeChannel, turn_text: str) -> StepResult:
         try:
             reply = self._reply(ep, turn_text)
             ep.answer(200, reply)
@@ -378,7 +237,7 @@ class AgentEnvironment(Environment):
             observation = "".join(m["content"] for m in observation)
         return StepResult(observation, None, ep)
 
-    def end(self, ep: _Episode) -> float | None:
+    def end(self, ep: EpisodeChannel) -> float | None:
         """After the episode: the agent's reward if it is still to come (None if it already counted)."""
         if ep.closed or (ep.result is not None and ep.pending is None):  # failed, or step counted its reward
             ep.close()
@@ -397,16 +256,16 @@ class AgentEnvironment(Environment):
         finally:
             ep.server.episodes.pop(ep.key, None)
 
-    def abort(self, ep: _Episode) -> None:
+    def abort(self, ep: EpisodeChannel) -> None:
         """The runner failed the episode (its observation could not be rendered): the agent gets HTTP 400."""
         self._fail(ep, EpisodeFailed("bad_request", "the chat template cannot render the request's messages"))
 
     # -- helpers --
-    def _fail(self, ep: _Episode, e: EpisodeFailed) -> None:
-        ep.close(400, _error(e.status, f"this episode failed: {e}"))
+    def _fail(self, ep: EpisodeChannel, e: EpisodeFailed) -> None:
+        ep.close(400, error_body(e.status, f"this episode failed: {e}"))
         ep.server.episodes.pop(ep.key, None)
 
-    def _ended_early(self, ep: _Episode) -> EpisodeFailed:
+    def _ended_early(self, ep: EpisodeChannel) -> EpisodeFailed:
         kind, value = ep.result
         if kind == "raise" and isinstance(value, EpisodeFailed):  # the agent named its status
             return value
@@ -416,7 +275,7 @@ class AgentEnvironment(Environment):
                                  f"the agent raised {type(value).__name__}: {_line(value)}")
         return EpisodeFailed("agent_error", f"the agent returned {value!r:.40} before any request")
 
-    def _reward(self, ep: _Episode) -> float:
+    def _reward(self, ep: EpisodeChannel) -> float:
         kind, value = ep.result
         if kind == "raise":
             raise self._ended_early(ep)
@@ -424,7 +283,7 @@ class AgentEnvironment(Environment):
             raise EpisodeFailed("bad_reward", f"the agent returned {value!r:.60}, not a finite number")
         return float(value)
 
-    def _check_body(self, ep: _Episode, body: Any) -> list[dict]:
+    def _check_body(self, ep: EpisodeChannel, body: Any) -> list[dict]:
         if not isinstance(body, Mapping) or not isinstance(body.get("messages"), list) or not body["messages"]:
             raise EpisodeFailed("bad_request", "the request is not a JSON object with a non-empty 'messages' list")
         if body.get("stream"):
@@ -437,7 +296,7 @@ class AgentEnvironment(Environment):
                 raise EpisodeFailed("bad_request", "the request's tools differ from the episode's first request's")
         return body["messages"]
 
-    def _first(self, ep: _Episode, body: Any) -> tuple[list[dict], Any]:
+    def _first(self, ep: EpisodeChannel, body: Any) -> tuple[list[dict], Any]:
         raw = self._check_body(ep, body)
         messages = [_message(m, f"message {k}") for k, m in enumerate(raw)]
         if messages[-1]["role"] == "assistant":
@@ -455,7 +314,7 @@ class AgentEnvironment(Environment):
         ep.sent = list(messages)
         return messages, tools
 
-    def _next(self, ep: _Episode, body: Any) -> list[dict]:
+    def _next(self, ep: EpisodeChannel, body: Any) -> list[dict]:
         raw = self._check_body(ep, body)
         if len(raw) <= len(ep.sent):
             raise EpisodeFailed("bad_request", f"the request has {len(raw)} messages, the conversation already "
@@ -490,7 +349,7 @@ class AgentEnvironment(Environment):
         ep.sent.extend(new)
         return new
 
-    def _reply(self, ep: _Episode, turn_text: str) -> dict:
+    def _reply(self, ep: EpisodeChannel, turn_text: str) -> dict:
         calls = []
         content: str | None = turn_text
         if ep.tools:
@@ -509,7 +368,7 @@ class AgentEnvironment(Environment):
         ep.turns += 1
         return reply
 
-    def _completion(self, ep: _Episode, content, calls, finish_reason: str) -> dict:
+    def _completion(self, ep: EpisodeChannel, content, calls, finish_reason: str) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls

@@ -110,6 +110,11 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=0, help="LoRA adapters of this rank; 0 = full")
     p.add_argument("--lora-targets", dest="lora_targets", default="q,k,v,o,gate,up,down", help="LoRA targets")
     p.add_argument("--teacher", choices=list(MODELS), default="", help="a distillation teacher's shapes (teacher.path)")
+    p.add_argument("--decode_slots", type=int, default=0,
+                   help="rollout.decode_slots: the sampler's continuous batching (0: the static batch)")
+    p.add_argument("--kv_page_size", type=int, default=0, help="rollout.kv_page_size: a paged cache (with slots)")
+    p.add_argument("--kv_pages", type=int, default=0,
+                   help="rollout.kv_pages per row shard; 0 = sized for --mean_new_tokens (see the docstring)")
     p.add_argument("--ragged_dot", choices=("proxy", "cpu"), default="proxy",
                    help="MoE expert products: proxy = the buffers an accelerator's grouped kernel allocates "
                         "(harness/grouped_proxy.py); cpu = XLA:CPU's masked lowering")
@@ -146,6 +151,15 @@ def grad_accum_for(args, mesh_shape) -> int:
     return max(1, per_step // (mesh_shape[0] * mesh_shape[1]))
 
 
+def planned_pages(args, mesh_shape) -> int:
+    """--kv_pages 0: a row shard's pool for rows of --mean_new_tokens (default T/4) on average: its prompts'
+    pages plus every slot's mean row, rounded up, and one row at the cap (the fewest the sampler accepts)."""
+    shards = math.prod(mesh_shape[:2]) * (mesh_shape[3] if len(mesh_shape) > 3 else 1)
+    z, mean = args.kv_page_size, args.mean_new_tokens or args.new_tokens // 4
+    prompts = args.batch_prompts // shards * -(-args.prompt_length // z)
+    return prompts + args.decode_slots // shards * -(-mean // z) + -(-args.new_tokens // z)
+
+
 def run_config(args, grad_accum: int, mesh_shape=(1, 1, 1)):
     from jaxrl_llm.config import base_config, prepare
     c = base_config()
@@ -156,6 +170,8 @@ def run_config(args, grad_accum: int, mesh_shape=(1, 1, 1)):
     c.model.remat, c.model.logits_chunk, c.model.attention = args.remat, args.logits_chunk, args.attention
     c.rollout.batch_prompts, c.rollout.group_size = args.batch_prompts, args.group_size
     c.rollout.max_new_tokens = args.new_tokens
+    c.rollout.decode_slots, c.rollout.kv_page_size = args.decode_slots, args.kv_page_size
+    c.rollout.kv_pages = args.kv_pages or (planned_pages(args, mesh_shape) if args.kv_page_size else 0)
     c.data.path, c.data.max_prompt_length = "memory-plan", args.prompt_length
     c.train.grad_accum, c.train.minibatches = grad_accum, args.minibatches
     c.train.pack_length, c.train.max_tokens_per_microbatch = args.pack_length, args.microbatch_tokens
@@ -220,7 +236,7 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
     import numpy as np
     from jaxrl_llm import rl, sharding
     from jaxrl_llm.models import init_params, init_value_params, lora, param_logical_axes, value_logical_axes
-    from jaxrl_llm.sampling import generate_program
+    from jaxrl_llm.sampling import generate_program, paged_program, slots_program
     from jaxrl_llm.trainer import TrainState, UpdatePlan, make_optimizer, step_functions
 
     data, fsdp, tensor, *seq = mesh_shape
@@ -286,11 +302,16 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
            "ref": per_chip(state.ref_params or ref) if base is None else 0,  # LoRA: the base is the reference
            "trainable": sum(x.size for x in jax.tree_util.tree_leaves(params)),
            "value": per_chip(value) + per_chip(value_opt), "teacher": per_chip(teacher)}
+    S, Z, M = c.rollout.decode_slots, c.rollout.kv_page_size, c.rollout.kv_pages
+    program, static = generate_program, {}
+    if S:  # continuous batching [on a paged cache]: sampling/slots.py, sampling/paged.py
+        program, static = (paged_program, dict(slots=S, page_size=Z, pages=M, shards=divisor)) if Z else \
+            (slots_program, dict(slots=S))
     with sharding.use_mesh(mesh):  # the sampler: rows over data x fsdp [x sequence]
-        gen = generate_program.lower(mc, lora.join(base, params), batch["prompt_tokens"], batch["prompt_mask"],
-                                     jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
-                                     scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
-                                     nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0).compile()
+        gen = program.lower(mc, lora.join(base, params), batch["prompt_tokens"], batch["prompt_mask"],
+                            jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), scalar(jnp.float32),
+                            scalar(jnp.float32), max_new_tokens=T, num_samples=G, top_k=0, greedy=False,
+                            nucleus=False, eos_ids=tuple(mc.eos_token_id) or (0,), pad_id=0, **static).compile()
     with sharding.use_mesh(mesh, sequence=True):  # the trainer's passes: each row's tokens over sequence
         score_pack, update_pack = abstract_packs(c, mesh, mean_new_tokens)
         score = fns.score.lower(state, ref, batch, score_pack, base, teacher).compile()
@@ -303,7 +324,7 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
         update = fns.update.lower(state, full, pidx, update_pack, base, teacher).compile()
 
     mem = {name: prog.memory_analysis() for name, prog in (("sample", gen), ("score", score), ("update", update))}
-    out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh)
+    out["kv_cache"] = kv_cache_bytes(mc, N, T, mesh, S, Z, M, P)
     out["batch"] = per_chip(full)
     for name, m in mem.items():
         out[f"{name}_temp"] = int(m.temp_size_in_bytes)
@@ -315,15 +336,21 @@ def plan_one(c, mc, mesh_shape, devices, mean_new_tokens: int = 0, tmc=None) -> 
     return out
 
 
-def kv_cache_bytes(mc, N: int, T: int, mesh) -> int:
+def kv_cache_bytes(mc, N: int, T: int, mesh, slots: int = 0, page_size: int = 0, pages: int = 0,
+                   prompt: int = 0) -> int:
     """Per-device bytes of the decode cache: keys + values, (L, N, T, Hkv, hd) each, in the compute dtype,
-    rows over data x fsdp and KV heads over tensor when it divides them (else replicated)."""
+    rows over data x fsdp and KV heads over tensor when it divides them (else replicated). With slots: S
+    rows of P + T (their prompt copies included); paged: a row shard's M+1 pages of `page_size` tokens."""
     import jax.numpy as jnp
     from jaxrl_llm import sharding
     tensor = mesh.shape["tensor"]
     heads = mc.num_kv_heads // tensor if mc.num_kv_heads % tensor == 0 else mc.num_kv_heads
-    rows = N // sharding.batch_divisor(mesh)
-    return 2 * mc.num_layers * rows * T * heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    per_token = 2 * mc.num_layers * heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    if page_size:
+        return (pages + 1) * page_size * per_token
+    if slots:
+        return slots // sharding.batch_divisor(mesh) * (prompt + T) * per_token
+    return N // sharding.batch_divisor(mesh) * T * per_token
 
 
 def table(results, unit: int = GIB) -> tuple[list[str], list[list]]:
@@ -388,6 +415,10 @@ def main(argv=None):
                 if c.train.pack_length else "unpacked; ") +
              (f"micro-batches of {c.train.max_tokens_per_microbatch} tokens per chip; "
               if c.train.max_tokens_per_microbatch else "") +
+             (f"sampler: {c.rollout.decode_slots} decode slots" + (
+                 f" on a paged cache of {c.rollout.kv_pages} pages of {c.rollout.kv_page_size} tokens per row shard "
+                 f"(the last mesh's; rows of {args.mean_new_tokens or args.new_tokens // 4} tokens on average)"
+                 if c.rollout.kv_page_size else "") + "; " if c.rollout.decode_slots else "") +
              ("expert products planned as an accelerator's grouped kernel allocates them (--ragged_dot proxy); "
               if moe_proxy else "") +
              f"{'MiB' if args.model == 'toy' else 'GiB'} per chip; fits = peak <= 90% of the chip's memory")

@@ -141,3 +141,38 @@ def test_per_shard_pools_on_a_mesh_equal_one_device():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["shards"] == 4 and out["restarts"] > 0, out
     assert out["tokens_equal"] and out["mask_equal"] and out["logp_max_diff"] <= 1e-5, out
+
+
+@pytest.mark.parametrize("block_pages", [1, 3, 8])
+def test_paged_attention_against_a_dense_softmax(block_pages):
+    """models/paged.attend, read in blocks of 1, 3 or 8 pages with its online softmax and stopped at
+    `pages_in_use`, against a float64 softmax over each slot's gathered keys: two row shards, GQA, holes in
+    the seen keys, a window and a soft cap."""
+    from jaxrl_llm.models import paged
+    rng = np.random.default_rng(0)
+    r, s, kvh, rq, hd, z, m, w = 2, 3, 2, 2, 8, 4, 9, 5  # shards, slots per shard, heads, page size, pages
+    pool = paged.Pool(jnp.asarray(rng.normal(size=(r, m + 1, kvh, hd, z)), jnp.float32),
+                      jnp.asarray(rng.normal(size=(r, m + 1, kvh, z, hd)), jnp.float32))
+    table = jnp.asarray(rng.integers(0, m, (r * s, w)), jnp.int32)
+    used = rng.integers(1, w + 1, r * s)  # logical pages each slot sees
+    key = np.arange(w * z)
+    seen = (key[None] < used[:, None] * z) & (rng.random((r * s, w * z)) < 0.8)
+    seen[np.arange(r * s), used * z - 1] = True  # every slot sees at least its newest key
+    pos = np.broadcast_to(key, seen.shape).astype(np.int32)
+    qpos = (used * z - 1).astype(np.int32)
+    q = jnp.asarray(rng.normal(size=(r * s, kvh, rq, hd)), jnp.float32)
+    view = paged.View(table, jnp.zeros(r * s, jnp.int32), jnp.zeros(r * s, jnp.int32), jnp.asarray(pos),
+                      jnp.asarray(seen), jnp.asarray(qpos), jnp.int32(used.max()))
+    window, cap = 7, 2.0
+    got = paged.attend(q, pool, view, scale=0.3, softcap=cap, window=jnp.int32(window), block_pages=block_pages)
+    k = np.asarray(pool.k, np.float64)[np.repeat(np.arange(r), s)[:, None], np.asarray(table)]  # (S,W,Hkv,hd,Z)
+    v = np.asarray(pool.v, np.float64)[np.repeat(np.arange(r), s)[:, None], np.asarray(table)]  # (S,W,Hkv,Z,hd)
+    k = k.transpose(0, 2, 3, 1, 4).reshape(r * s, kvh, hd, w * z)
+    v = v.transpose(0, 2, 1, 3, 4).reshape(r * s, kvh, w * z, hd)
+    scores = np.einsum("nkrd,nkdt->nkrt", np.asarray(q, np.float64), k) * 0.3
+    scores = cap * np.tanh(scores / cap)
+    visible = seen & (qpos[:, None] - pos < window)
+    scores = np.where(visible[:, None, None], scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("nkrt,nktd->nkrd", p / p.sum(-1, keepdims=True), v)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)

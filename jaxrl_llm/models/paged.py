@@ -14,9 +14,9 @@ key w*Z + j; the sampler gives every logical key its coordinate in [left-padded 
 prompt key p at p, completion token i at P + i -- and whether the slot may see it, so that masks and
 sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; it frees no page).
 
-XLA path: each slot's W pages are gathered (one layer at a time) and attended as one row of W*Z keys, the
-float32 softmax of `attend_step`. The gather is a transient of one layer; what stays allocated between
-steps is the pool.
+XLA path: each slot's pages are gathered a block at a time (one layer at a time) and attended with an
+online float32 softmax, block after block, only as far as the longest row in flight; the gathered block
+is a transient, what stays allocated between steps is the pool.
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ import jax.numpy as jnp
 
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.kernels import soft_cap
+
+
+BLOCK_PAGES = 8  # logical pages one step of `attend`'s loop reads
 
 
 class Pool(NamedTuple):
@@ -41,13 +44,15 @@ class View(NamedTuple):
     table (S,W) int32: the pool page of each logical page of the slot (its shard's local index);
     write_page, write_offset (S,) int32: where this step's key/value go (page M for a slot that does not step);
     key_pos (S,W*Z) int32: each logical key's coordinate; key_seen (S,W*Z) bool: real, written and visible
-    without a window; query_pos (S,) int32: the new token's coordinate."""
+    without a window; query_pos (S,) int32: the new token's coordinate; pages_in_use () int32: the most
+    logical pages any stepping slot sees (its prompt's and its completion's so far)."""
     table: jax.Array
     write_page: jax.Array
     write_offset: jax.Array
     key_pos: jax.Array
     key_seen: jax.Array
     query_pos: jax.Array
+    pages_in_use: jax.Array
 
 
 def _per_shard(x, shards: int):
@@ -84,18 +89,41 @@ def gather(pool: Pool, table, layer=None):
     return keys, values
 
 
-def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None):
+def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,
+           block_pages: int = BLOCK_PAGES):
     """Attention of one new token per slot over its pages. q (S,Hkv,Rq,hd) (Rq query heads per KV head);
     the step's key/value already written; window None or an int32 scalar (key seen only if query_pos -
-    key_pos < window). Returns (S,Hkv,Rq,hd) float32, as `attend_step` gives on the unpaged cache."""
-    hd = q.shape[-1]
+    key_pos < window). Returns (S,Hkv,Rq,hd) float32, as `attend_step` gives on the unpaged cache.
+
+    The logical pages are read `block_pages` at a time, only as far as `view.pages_in_use` (the most any
+    slot has), with an online softmax (running max, sum and output in float32): a step's work follows the
+    longest row in flight, not the longest a row may grow to."""
+    hd, z, w = q.shape[-1], pool.k.shape[-1], view.table.shape[1]
     scale = hd ** -0.5 if scale is None else scale
-    keys, values = gather(pool, view.table, layer)
-    s = soft_cap(jnp.einsum("nkrd,nkdt->nkrt", q, keys, preferred_element_type=jnp.float32) * scale, softcap)
-    seen = view.key_seen
+    bp = min(block_pages, w)
+    pad = -(-w // bp) * bp - w
+    spare = pool.k.shape[-4] - 1  # page M: never read as a key (masked here)
+    table = jnp.pad(view.table, ((0, 0), (0, pad)), constant_values=spare)
+    visible = view.key_seen
     if window is not None:
-        seen = seen & (view.query_pos[:, None] - view.key_pos < window)
-    s = jnp.where(seen[:, None, None, :], s, MASKED_SCORE)
-    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
-    out = jnp.einsum("nkrt,nktd->nkrd", e.astype(values.dtype), values, preferred_element_type=jnp.float32)
-    return out / jnp.sum(e, axis=-1)[..., None]
+        visible = visible & (view.query_pos[:, None] - view.key_pos < window)
+    visible = jnp.pad(visible, ((0, 0), (0, pad * z)))
+    blocks = jnp.clip(-(-view.pages_in_use // bp), 1, table.shape[1] // bp)
+
+    def block(b, carry):
+        top, total, out = carry
+        keys, values = gather(pool, jax.lax.dynamic_slice_in_dim(table, b * bp, bp, axis=1), layer)
+        s = soft_cap(jnp.einsum("nkrd,nkdt->nkrt", q, keys, preferred_element_type=jnp.float32) * scale, softcap)
+        seen = jax.lax.dynamic_slice_in_dim(visible, b * bp * z, bp * z, axis=1)
+        s = jnp.where(seen[:, None, None, :], s, MASKED_SCORE)
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1))
+        shrink = jnp.exp(top - new_top)
+        e = jnp.exp(s - new_top[..., None])
+        out = out * shrink[..., None] + jnp.einsum("nkrt,nktd->nkrd", e.astype(values.dtype), values,
+                                                   preferred_element_type=jnp.float32)
+        return new_top, total * shrink + jnp.sum(e, axis=-1), out
+
+    start = (jnp.full(q.shape[:3], MASKED_SCORE, jnp.float32), jnp.zeros(q.shape[:3], jnp.float32),
+             jnp.zeros(q.shape, jnp.float32))
+    _, total, out = jax.lax.fori_loop(0, blocks, block, start)
+    return out / total[..., None]

@@ -193,7 +193,7 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
                                                        constant_values=False)[promptf][:, jnp.minimum(key, pp * z - 1)],
                              (key - pp * z)[None] <= tf[:, None])
         view = paged.View(table.reshape(s, w), write_page, jnp.where(stepf, tf % z, 0), key_pos[None].repeat(s, 0),
-                          key_seen, p + tf)
+                          key_seen, p + tf, pp + jnp.max(jnp.where(stepf, tf // z + 1, 0)))
         with jax.named_scope("layers"):
             hidden, pool, *experts = decode_step(config, params, weights, st["token"].reshape(-1),
                                                  jnp.take(prompt_len, promptf) + tf, st["pool"], view, no_prefix,

@@ -106,6 +106,8 @@ class LlamaCppSampler:
     def __init__(self, gguf_path: str, *, max_rows: int, max_len: int, threads: int):
         import llama_cpp as lc
         self.lc = lc
+        self._quiet = lc.llama_log_callback(lambda level, text, user: None)  # kept: llama.cpp holds the pointer
+        lc.llama_log_set(self._quiet, None)
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         self.model = lc.llama_model_load_from_file(gguf_path.encode(), mparams)

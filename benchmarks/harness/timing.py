@@ -111,6 +111,14 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32, preci
     return 2.0 * n ** 3 / min(timing.runs)  # best run: the peak, not the load of a shared machine
 
 
+def read_bandwidth(n: int = 2**27, repeats: int = 5) -> float:
+    """Measured bytes/s of a jitted sum of n random float32 values (one read of 4n bytes, XLA's threads): the
+    roofline's memory side, for a decode step that reads every weight once."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    timing = time_fn(lambda i: total(x), repeats=repeats, warmup=2)
+    return 4.0 * n / min(timing.runs)
+
 
 def once(fn: Callable[[], Any], sync: Callable[[Any], Any] = block) -> tuple[float, Any]:
     """(seconds, output) of one synchronized call (`sync`: `block` for jax, a device sync for torch)."""

@@ -164,8 +164,8 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     state = dict(row=slot_row, t=jnp.zeros((r, sl), jnp.int32), held=jnp.zeros((r, sl), jnp.int32),
                  token=jnp.take(first, jnp.minimum(global_row(slot_row), n - 1)), table=table_of(slot_row),
                  free=free, count=count, nxt=jnp.full((r,), sl, jnp.int32), left=left, pool=pool,
-                 restarts=jnp.zeros((), jnp.int32), peak=jnp.max(m - count), tokens=tokens, logprobs=logprobs, mask=mask, seen=seen,
-                 routes=routes)
+                 restarts=jnp.zeros((), jnp.int32), peak=jnp.max(m - count), tokens=tokens, logprobs=logprobs,
+                 mask=mask, seen=seen, routes=routes)
     key = jnp.arange(w * z, dtype=jnp.int32)  # logical keys: prompt pages' then the completion's
 
     def body(st):
@@ -184,7 +184,8 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
         # The decode step of all S slots; a slot that does not step writes to the spare page M.
         slot_prompt = jnp.minimum(global_row(row), n - 1) // g  # (R,s) global prompt index
-        tf, rowf, stepf, promptf = t.reshape(-1), global_row(row).reshape(-1), steps.reshape(-1), slot_prompt.reshape(-1)
+        tf, rowf = t.reshape(-1), global_row(row).reshape(-1)
+        stepf, promptf = steps.reshape(-1), slot_prompt.reshape(-1)
         write_page = jnp.where(stepf, jnp.take_along_axis(table.reshape(s, w), (pp + tf // z)[:, None].clip(0, w - 1),
                                                           axis=1)[:, 0], m)
         prompt_key = key < pp * z
@@ -252,8 +253,8 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         return dict(row=row, t=t, held=held, token=token, table=table, free=free, count=count,
                     nxt=nxt + jnp.sum(finished, axis=1, dtype=jnp.int32), left=left, pool=pool,
                     restarts=st["restarts"] + jnp.sum(stalled, dtype=jnp.int32),
-                    peak=jnp.maximum(st["peak"], jnp.max(m - after_grant)), tokens=tokens, logprobs=logprobs, mask=mask, seen=seen,
-                    routes=routes)
+                    peak=jnp.maximum(st["peak"], jnp.max(m - after_grant)), tokens=tokens, logprobs=logprobs,
+                    mask=mask, seen=seen, routes=routes)
 
     state = jax.lax.while_loop(lambda st: jnp.any(st["row"] < nl), body, state)
     tokens, mask = state["tokens"], state["mask"]

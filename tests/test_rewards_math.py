@@ -323,11 +323,13 @@ def test_degenerate_completions_stay_fast(completion):
     """Each case takes 0.003-0.2 s of CPU when the scans are linear; a quadratic scan of these 100-200 KB
     strings would take minutes. CPU time of this thread (where the scans run), after a warm-up call, so that
     a loaded host, a first call's imports or work still running in the worker's other threads cannot fail
-    the test (a wall-clock bound of 1 s did on CI, and so did this process's CPU time: 2.1 s once)."""
+    the test (a wall-clock bound of 1 s did on CI, and so did this process's CPU time: 2.1 s once). On a
+    loaded CI host the 20,000 declared boxes took 2.2 s of this thread's CPU once: the bound, 10 s, still
+    sits far below a quadratic scan's minutes."""
     assert score_answer(r"\boxed{7}", "7") == 1.0
     start = time.thread_time()
     assert score_answer(completion, "7") == 0.0
-    assert time.thread_time() - start < 2.0
+    assert time.thread_time() - start < 10.0
 
 
 def test_sympy_time_limit_really_stops_a_runaway_comparison():

@@ -132,6 +132,10 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
     c.rollout.recompute_logprobs = placeholder(bool)  # proximal log-probs from a trainer forward (else = behaviour)
     c.rollout.compute_dtype = ""  # the sampler's compute dtype; "" = model.compute_dtype (e.g. a bfloat16 sampler)
     c.rollout.max_staleness = 0  # k: step i's batch is sampled by the policy after update i-k (0 = synchronous); docs/algorithms/async.md
+    # Partial rollouts (docs/algorithms/async.md): the decode goes on across updates, rows in flight continue with
+    # each new policy; a batch is the first batch_prompts groups to complete; max_staleness (>= 2) then bounds each
+    # row's oldest token (with decode_slots > 0)
+    c.rollout.partial = False
 
     # Rollout correction between the behaviour policy (the sampler's, with its precision, top-k/top-p
     # and staleness) and the proximal one; docs/algorithms/off_policy.md.

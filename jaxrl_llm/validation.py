@@ -282,9 +282,36 @@ def _validate_off_policy(c) -> None:
     _check(c, "rollout.max_staleness", lambda v: _is_int(v) and 0 <= v < c.total_steps,
            "an int in [0, total_steps) (updates between the sampling policy and the trained one)")
     _check(c, "mesh.rollout_devices", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = sample on the training mesh)")
+    _validate_partial(c)
     if c.rollout.max_staleness and not c.rollout.recompute_logprobs:
         _fail("rollout.recompute_logprobs", "True with rollout.max_staleness >= 1 (the behaviour policy is stale: "
               "the proximal log-probs must come from the trainer)", False)
+
+
+def _validate_partial(c) -> None:
+    """Partial rollouts (trainer/partial.py): what they need, and the options they cannot serve yet."""
+    r = "rollout.partial"
+    _check(c, r, lambda v: isinstance(v, bool), "True or False")
+    if not c.rollout.partial:
+        return
+    if c.rollout.max_staleness < 2:
+        _fail("rollout.max_staleness", "an int >= 2 with rollout.partial (it bounds each row's oldest token; the "
+              "batch of step i is drawn by the policy of step i-1, so 1 leaves no update for a row to continue "
+              "across)", c.rollout.max_staleness)
+    if not c.rollout.decode_slots:
+        _fail("rollout.decode_slots", "> 0 with rollout.partial (rows continue in the continuous-batching "
+              "sampler's slots)", c.rollout.decode_slots)
+    for field, value, why in (
+            ("env.name", c.env.name, "multi-turn episodes are sampled turn by turn (sampling/turns.py), not in the "
+             "slots partial rounds resume"),
+            ("rollout.kv_page_size", c.rollout.kv_page_size, "the paged cache does not resume rows in flight"),
+            ("dapo.dynamic_sampling", c.dapo.dynamic_sampling, "a partial batch is the first groups to complete; "
+             "resampling rounds do not apply"),
+            ("mesh.rollout_devices", c.mesh.rollout_devices, "the rounds run in the trainer's thread")):
+        if value:
+            _fail(field, f"off with rollout.partial ({why})", value)
+    if c.distill.lmbda < 1:
+        _fail("distill.lmbda", "1 with rollout.partial (supervised rows are not sampled)", c.distill.lmbda)
 
 
 def _validate_training(c) -> None:

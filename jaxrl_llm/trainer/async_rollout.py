@@ -73,7 +73,14 @@ def rollout_key(rng, ahead: int):
 
 
 def staleness_metrics(p: Produced) -> dict[str, float]:
-    """`rollout/staleness/{mean,max}`: steps between the consuming step and each row's policy version."""
+    """`rollout/staleness/{mean,max}`: steps between the consuming step and each row's policy version;
+    with partial rollouts (`token_versions`), each token's: the mean over the completions' tokens, the
+    max the oldest token's (`min_token` the newest's)."""
+    if "token_versions" in p.local:
+        mask = np.asarray(p.local["mask"]) > 0
+        lag = p.step - np.asarray(p.local["token_versions"], np.float64)[mask]
+        return {"rollout/staleness/mean": float(lag.mean()), "rollout/staleness/max": float(lag.max()),
+                "rollout/staleness/min_token": float(lag.min())}
     lag = p.step - np.asarray(p.local["policy_version"], np.float64)
     return {"rollout/staleness/mean": float(lag.mean()), "rollout/staleness/max": float(lag.max())}
 
@@ -302,17 +309,22 @@ def split_devices(c, devices=None):
     return [d for d in devices if id(d) not in rollout], hosts[jax.process_index()][-per:]
 
 
-def batch_maker(c, rollouts, data, data_stats):
+def batch_maker(c, rollouts, data, data_stats, partial=None):
     """`make(params, rng, version, step) -> Produced` for the producers: samples, scores and reports the
-    batch of `step` with `rollouts` (on the sampling mesh); its rollout metrics over every process are
-    left to `reduce_metrics` in the trainer's thread."""
+    batch of `step` with `rollouts` (on the sampling mesh), or with `partial`'s round (trainer/partial.py:
+    rows carry their oldest token's version); its rollout metrics over every process are left to
+    `reduce_metrics` in the trainer's thread."""
     from jaxrl_llm.trainer import report
     G = c.rollout.group_size
 
     def make(params, rng, version: int, step: int) -> Produced:
-        local, first, info = rollouts.collect(params, rollout_key(rng, step - version), step)
-        local["policy_version"] = np.full(len(local["scores"]), version, np.int32)
-        m = report.data_metrics(data, data_stats)  # where the data stands after this batch
+        key = rollout_key(rng, step - version)
+        if partial is None:
+            local, first, info = rollouts.collect(params, key, step)
+        else:
+            local, first, info = partial.collect(params, key, step, version)
+        local.setdefault("policy_version", np.full(len(local["scores"]), version, np.int32))
+        m = {**report.data_metrics(data, data_stats), **info.get("partial", {})}  # data: where it stands after this batch
         unreduced = ({k: first[k] for k in ("scores", "lengths", "truncated", "supervised") if k in first},
                      {k: info[k] for k in ("reward_metrics", "rounds", "kept_groups") if k in info})
         return Produced(step, version, local, m, report.samples(info, first, c.log.num_samples, G),
@@ -336,15 +348,17 @@ def build_producer(c, make, rollout_mesh, mc, params, train_mesh=None) -> Produc
     """The threaded producer on `rollout_mesh` (laid out by the sharding rules for that mesh, whose
     sizes differ from the training one's), or, when it is None, the in-thread one."""
     reduce = reduce_metrics(c)
+    # Partial rollouts draw step i's batch with the policy of step i-1 (max_staleness bounds the oldest token).
+    k = 1 if c.rollout.partial else c.rollout.max_staleness
     if rollout_mesh is None:
-        return Producer(make, c.rollout.max_staleness, c.total_steps, reduce)
+        return Producer(make, k, c.total_steps, reduce)
     from jaxrl_llm import sharding
     from jaxrl_llm.models import param_logical_axes
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     shardings = sharding.logical_to_sharding(param_logical_axes(mc), abstract, rollout_mesh)
     to_rollout = ((lambda p: jax.device_put(p, shardings)) if jax.process_count() == 1 else
                   host_copier(train_mesh, shardings))
-    return ThreadedProducer(make, c.rollout.max_staleness, c.total_steps, to_rollout, reduce)
+    return ThreadedProducer(make, k, c.total_steps, to_rollout, reduce)
 
 
 def host_copier(train_mesh, shardings):

@@ -49,6 +49,7 @@ from jaxrl_llm.trainer import (adapters, async_rollout, diagnose, feedback, pref
 from jaxrl_llm.trainer.rollout import Rollouts
 from jaxrl_llm.trainer.inputs import python_inputs
 from jaxrl_llm.trainer.packs import Packer, shares_prompt
+from jaxrl_llm.trainer.partial import PartialRollouts
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
 from jaxrl_llm.trainer.steps import step_functions
 from jaxrl_llm.trainer.workdir import prepare_workdir, undo_on_failure, write_run_files
@@ -173,6 +174,7 @@ class Trainer:
         """Restores the latest checkpoint, if any (exact resume: state and data position)."""
         restored = self.ckpt.restore(abstract_like(self.state))
         self._inflight: list = []  # the rollout batches in flight at the checkpoint (rollout.max_staleness)
+        self._partial_state = None  # partial rollouts' rows in flight at the checkpoint
         if restored is None:
             return 0
         start, self.state, meta = restored
@@ -187,6 +189,7 @@ class Trainer:
                 self._load_levels()
         self.data.restore(meta["data"])
         self._inflight = [async_rollout.from_json(d) for d in meta.get("inflight", [])]
+        self._partial_state = meta.get("partial")
         log.info("resumed from step %d in %s", start, self.workdir)
         return start
 
@@ -197,7 +200,10 @@ class Trainer:
         rollouts = self.rollouts if self.rollout_mesh is None else Rollouts(
             c, self.mc, self.rollout_mesh, self.data, self.tokenizer, self.reward_fns, self.eos_ids, self.pad_id,
             per_host=jax.process_count() > 1)  # several processes: each host's rollout mesh samples its rows
-        make = async_rollout.batch_maker(c, rollouts, self.data, self.data_stats)
+        self.partial = PartialRollouts(c, rollouts) if c.rollout.partial else None
+        if self.partial is not None and self._partial_state is not None:
+            self.partial.restore(self._partial_state)
+        make = async_rollout.batch_maker(c, rollouts, self.data, self.data_stats, self.partial)
         self.producer = async_rollout.build_producer(c, make, self.rollout_mesh, self.mc, self.policy(self.state),
                                                      self.mesh)
         self.producer.restore(self._inflight)
@@ -297,6 +303,8 @@ class Trainer:
         # The batches in flight first: the producer is then idle, and the data position is after them.
         inflight = [async_rollout.to_json(p) for p in self.producer.pending()]
         meta = {"data": self.data.state(), "step": int(state.step)}
+        if self.partial is not None:
+            meta["partial"] = self.partial.state()
         if self.curriculum is not None:
             meta["curriculum"] = self.curriculum.state()
         if self.base_id is not None:

@@ -1,0 +1,196 @@
+"""Partial rollouts (`rollout.partial`): the decode goes on across training steps, and every batch is made
+of the first groups to complete, so the longest rows of a batch no longer set its time.
+
+The table: 2B groups (B = rollout.batch_prompts, G rows each, R = 2BG rows) in the order their prompts
+were drawn; each row holds the tokens drawn so far, with each token's policy version and behaviour
+log-prob. The round of step i (one per training step, in step order; trainer/async_rollout.py requests
+it at step i-1 with that step's policy, version i-1, or 0 for the first two):
+  1. the table is filled up to 2B groups with the next prompts (two batches in the first round, then one);
+     their rows' key is step i's sampling key, their stream index their place among the rows drawn in
+     this round (sampling/partial.py);
+  2. a row whose oldest token would be more than k = rollout.max_staleness versions behind step i is
+     restarted: its tokens are dropped and drawn again by this round's policy (`rollout/partial/restarted`);
+  3. one decode round (sampling/partial.py `round_program`) with this version's weights: every row not
+     done goes on from its last token, until B groups have all their rows done;
+  4. the B complete groups that completed first (earlier rounds first, then by the decode step of their
+     last row, then table order) are the batch of step i, scored by the reward functions now; the other
+     rows stay in the table, in flight.
+So every token of step i's batch was drawn by a version in [i-k, i-1] (for the first steps, 0), and the
+batch's `policy_version` per row is its oldest token's; `token_versions` (N,T) feeds the per-token
+staleness metrics, and the rollout correction reads each token's own behaviour log-prob.
+
+Deterministic: the swaps happen at fixed steps and the rounds stop on a count of groups, not on a clock.
+Exact resume: the table (tokens, versions, log-probs, keys, the prompts and their dataset columns) is in
+the checkpoint (`state`/`restore`); every round rebuilds its rows' caches by a prefill anyway, so a
+resumed round is the uninterrupted one.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_llm import faults, sharding
+from jaxrl_llm.data.padding import left_pad
+from jaxrl_llm.sampling.partial import empty_rows, run_round
+
+_ROW_KEYS = ("stream", "tokens", "logprobs", "versions", "lengths", "done")  # per row
+_GROUP_KEYS = ("prompt_tokens", "prompt_mask", "keys", "done_at")  # per group
+
+
+def _key_data(key) -> np.ndarray:
+    """A PRNG key's raw (2,) uint32 words (typed keys unwrapped)."""
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return np.asarray(data, np.uint32)
+
+
+class PartialRollouts:
+    """The table of rows in flight across rounds, drawing prompts from `rollouts.data` and scoring with
+    `rollouts` (trainer/rollout.py `Rollouts`). `collect(params, key, step, version)` runs step's round."""
+
+    def __init__(self, c, rollouts):
+        if jax.process_count() > 1:
+            raise ValueError("config.rollout.partial runs on one process for now (a round's stop and the batch's "
+                             f"groups are decided over the whole table), got {jax.process_count()} processes")
+        if rollouts.mc.num_experts and c.model.routing_replay:
+            raise ValueError("config.model.routing_replay must be False with rollout.partial (a resumed row's "
+                             "experts are not recorded across versions yet)")
+        self.c, self.rollouts = c, rollouts
+        self.B, self.G = c.rollout.batch_prompts, c.rollout.group_size
+        self.groups: list[dict] = []  # each group's dataset columns (what rewards see), in table order
+        self.rows: dict | None = None
+        self.per_group: dict | None = None
+        self.round = 0
+
+    # ------------------------------------------------------------------ the table
+    def _add(self, batch: dict, key, stream0: int) -> None:
+        """Appends a batch of prompts (their G rows each, not started) to the table."""
+        c, G = self.c, self.G
+        columns = [k for k in batch if k != "global_max_prompt_length"]
+        n = len(batch["prompt_ids"])
+        tokens, mask = left_pad(batch["prompt_ids"], c.data.max_prompt_length, self.rollouts.pad_id)
+        rows = empty_rows(n * G, c.rollout.max_new_tokens, self.rollouts.pad_id)
+        rows["stream"] += stream0
+        group = {"prompt_tokens": tokens, "prompt_mask": mask, "keys": np.stack([_key_data(key)] * n),
+                 "done_at": np.full(n, -1, np.int64)}
+        # Through JSON now, as a resumed run reads them from the checkpoint: both runs' rewards see the same values.
+        try:
+            self.groups += json.loads(json.dumps([{k: batch[k][i] for k in columns} for i in range(n)], default=_plain))
+        except TypeError as e:
+            raise ValueError(f"rollout.partial checkpoints the prompts in flight with their dataset columns as "
+                             f"JSON: {e}") from None
+        if self.rows is None:
+            self.rows, self.per_group = rows, group
+        else:
+            self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in _ROW_KEYS}
+            self.per_group = {k: np.concatenate([self.per_group[k], group[k]]) for k in _GROUP_KEYS}
+
+    def _keep(self, groups: np.ndarray) -> None:
+        """Keeps only `groups` (indices, in table order) in the table."""
+        rows = (groups[:, None] * self.G + np.arange(self.G)).ravel()
+        self.rows = {k: v[rows] for k, v in self.rows.items()}
+        self.per_group = {k: v[groups] for k, v in self.per_group.items()}
+        self.groups = [self.groups[i] for i in groups]
+
+    def _restart_stale(self, step: int) -> int:
+        """Drops the tokens of every row whose oldest token would be more than k versions behind `step`."""
+        r = self.rows
+        stale = (r["lengths"] > 0) & (step - r["versions"][:, 0] > self.c.rollout.max_staleness)
+        if stale.any():
+            r["tokens"][stale] = self.rollouts.pad_id
+            r["logprobs"][stale], r["versions"][stale], r["lengths"][stale] = 0, 0, 0
+            r["done"][stale] = False
+            self.per_group["done_at"][np.unique(np.nonzero(stale)[0] // self.G)] = -1
+        return int(stale.sum())
+
+    # ------------------------------------------------------------------ one round
+    def collect(self, params, key, step: int, version: int):
+        """The round of `step` with `params` (after `version` updates) and step's sampling key `key`:
+        (rows of the batch, the same rows (what the metrics describe), info), as `Rollouts.collect`."""
+        c, ro, B, G = self.c, self.rollouts, self.B, self.G
+        t0 = time.perf_counter()
+        added = 0
+        while len(self.groups) < 2 * B:
+            self._add(next(ro.data), key, added * G)
+            added += B
+        restarted = self._restart_stale(step)
+        before = int(self.rows["lengths"].sum())
+        with sharding.use_mesh(ro.mesh):
+            out = run_round(ro.mc, params, self.per_group["prompt_tokens"], self.per_group["prompt_mask"],
+                            self.per_group["keys"], self.rows, version, B, max_new_tokens=c.rollout.max_new_tokens,
+                            num_samples=G, slots=c.rollout.decode_slots, eos_ids=ro.eos_ids,
+                            temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
+                            repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p)
+        faults.point("sample")  # the round is running (dispatch is asynchronous)
+        self.rows = {k: np.array(out[k]) for k in _ROW_KEYS}
+        finish, steps = np.asarray(out["finish"]).reshape(-1, G), int(out["iterations"])
+        complete = self.rows["done"].reshape(-1, G).all(axis=1)
+        done_at = self.per_group["done_at"]
+        new = complete & (done_at < 0)
+        done_at[new] = self.round * 2 ** 31 + finish[new].max(axis=1).astype(np.int64)  # completes with its last row
+        order = sorted(np.nonzero(complete)[0], key=lambda i: (done_at[i], i))
+        take = np.asarray(order[:B], np.int64)
+        local, batch = self._batch(take)
+        self._keep(np.asarray([i for i in range(len(self.groups)) if i not in set(take.tolist())], np.int64))
+        self.round += 1
+        prompts, columns = ro.reward_inputs(batch, local, step)
+        local, scored = ro._score(local, prompts, ro.completions(local), columns)
+        in_flight = int(((self.rows["lengths"] > 0) & ~self.rows["done"]).sum())
+        info = {**scored, "reward_metrics": scored["rewards"].metrics, "rounds": 1,
+                "sample_s": time.perf_counter() - t0,
+                "gen_tokens": float(int(self.rows["lengths"].sum()) + int(local["lengths"].sum()) - before),
+                "partial": {"rollout/partial/restarted": float(restarted), "rollout/partial/in_flight": float(in_flight),
+                            "rollout/partial/decode_steps": float(steps)}}
+        return local, dict(local), info
+
+    def _batch(self, groups: np.ndarray):
+        """(rows of the batch, its dataset columns) of the table's `groups`."""
+        G, eos = self.G, np.asarray(self.rollouts.eos_ids)
+        rows = (groups[:, None] * G + np.arange(G)).ravel()
+        r = {k: v[rows] for k, v in self.rows.items()}
+        T = r["tokens"].shape[1]
+        mask = (np.arange(T)[None] < r["lengths"][:, None]).astype(np.int32)
+        last = np.take_along_axis(r["tokens"], np.maximum(r["lengths"] - 1, 0)[:, None], 1)[:, 0]
+        local = {"prompt_tokens": self.per_group["prompt_tokens"][groups],
+                 "prompt_mask": self.per_group["prompt_mask"][groups],
+                 "tokens": np.where(mask == 1, r["tokens"], self.rollouts.pad_id).astype(np.int32), "mask": mask,
+                 "sampler_logp": r["logprobs"][:, 0] * mask, "behavior_logp": r["logprobs"][:, 1] * mask,
+                 "lengths": r["lengths"].astype(np.int32), "truncated": ~np.isin(last, eos),
+                 "policy_version": r["versions"][:, 0].astype(np.int32),
+                 "token_versions": np.where(mask == 1, r["versions"], 0).astype(np.int32)}
+        columns = self.groups[0].keys() if self.groups else ()
+        batch = {k: [self.groups[i][k] for i in groups] for k in columns}
+        return local, batch
+
+    # ------------------------------------------------------------------ checkpoint
+    def state(self) -> dict:
+        """The table as JSON: its arrays as a base64 .npz (no pickle), the groups' dataset columns as JSON."""
+        if self.rows is None:
+            return {"round": self.round}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **self.rows, **self.per_group)
+        return {"round": self.round, "arrays": base64.b64encode(buf.getvalue()).decode("ascii"),
+                "groups": self.groups}
+
+    def restore(self, state: dict) -> None:
+        self.round = int(state["round"])
+        if "arrays" not in state:
+            return
+        with np.load(io.BytesIO(base64.b64decode(state["arrays"])), allow_pickle=False) as z:
+            self.rows = {k: z[k] for k in _ROW_KEYS}
+            self.per_group = {k: z[k] for k in _GROUP_KEYS}
+        self.groups = list(state["groups"])
+
+
+def _plain(x):
+    """JSON for NumPy values in dataset columns; anything else is refused by name."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"a column holds a {type(x).__name__}, which JSON cannot store")

@@ -1,0 +1,123 @@
+"""Partial rollouts in the trainer (rollout.partial, trainer/partial.py): the schedule as a plain loop
+(step i's round with a copy of the policy after update max(0, i-1), the synchronous loop's key) gives
+exactly the trainer's metrics; rows really continue across updates, their tokens from several versions,
+none older than max_staleness; a stale row is restarted; a run killed mid-sampling and mid-update then
+rerun equals the straight run (the rows in flight are in the checkpoint); refusals name the field.
+The sampler's round itself is held to the slots sampler and to teacher-forced log-probs per version in
+tests/test_sampling_partial.py.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fixtures_reliability as fr
+from jaxrl_llm.trainer import Trainer, report
+from jaxrl_llm.trainer import async_rollout as ar
+from jaxrl_llm.trainer.partial import PartialRollouts
+from test_async import STEPS, compile_cache, small  # noqa: F401 (a fixture)
+
+K = 2
+PARTIAL = {"rollout.partial": True, "rollout.decode_slots": 2, "rollout.max_new_tokens": 6}
+
+
+def partial_config(**overrides):
+    return small(K, **{**PARTIAL, **overrides})
+
+
+def reference_history(c, workdir) -> list[dict]:
+    """The metrics (without perf/*) of partial rounds driven by a plain loop: step i's round with the
+    policy after update max(0, i-1), kept in a list, and the synchronous loop's key of step i."""
+    tr = Trainer(c, str(workdir))
+    engine = PartialRollouts(c, tr.rollouts)
+    state, G = tr.state, c.rollout.group_size
+    copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t))
+    versions, rng, history = [copy(state.params)], state.rng, []
+    for i in range(c.total_steps):
+        key, rng = jax.random.split(rng, 3)[1], jax.random.split(rng, 3)[0]
+        v = max(0, i - 1)
+        local, first, info = engine.collect(versions[v], key, i, v)
+        m = report.rollout_metrics(first, info, G, False)
+        m.update(report.data_metrics(tr.data, tr.data_stats))
+        m.update(info["partial"])
+        batch = ar.Produced(i, v, local, m, [], info["sample_s"], info["gen_tokens"])
+        state, metrics, _ = tr.update_step(state, batch, time.perf_counter())
+        if i == 0:
+            metrics.update(tr.self_test_metrics)
+        versions.append(copy(state.params))
+        history.append(metrics)
+    return fr.without_perf(history)
+
+
+@pytest.fixture(scope="module")
+def partial_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("partial")
+    return fr.without_perf(Trainer(partial_config(), str(wd)).run())
+
+
+def test_partial_run_is_the_schedule_as_a_plain_loop(partial_run, tmp_path):
+    ref = reference_history(partial_config(), tmp_path)
+    assert partial_run == ref
+
+
+def test_rows_continue_across_updates_within_the_bound(partial_run):
+    run = partial_run
+    assert max(r["rollout/partial/in_flight"] for r in run) > 0  # rows were left in flight at a round's stop
+    # Some batch mixes tokens of several versions: its oldest token is older than its newest.
+    assert any(r["rollout/staleness/max"] > r["rollout/staleness/min_token"] for r in run)
+    assert all(r["rollout/staleness/max"] <= K for r in run)
+    assert all(r["rollout/staleness/min_token"] == min(i, 1) for i, r in enumerate(run))  # drawn by version i-1
+    assert all("correction/ess" in r for r in run)
+
+
+def test_a_stale_row_is_restarted():
+    """A row whose oldest token would be more than k versions behind is dropped and drawn again."""
+    engine = PartialRollouts.__new__(PartialRollouts)
+    engine.c = partial_config()
+    engine.G, engine.rollouts = 2, type("R", (), {"pad_id": 0})()
+    rows = {"lengths": np.array([3, 3, 0, 2]), "done": np.array([True, False, False, True]),
+            "tokens": np.full((4, 3), 7), "logprobs": np.ones((4, 2, 3)), "versions": np.array([[1, 2, 3]] * 4)}
+    rows["versions"][1] = [3, 3, 3]
+    engine.rows, engine.per_group = rows, {"done_at": np.array([5, 9])}
+    assert engine._restart_stale(step=4) == 2  # rows 0 and 3 (head version 1: 4 - 1 > 2); row 2 is not started
+    np.testing.assert_array_equal(rows["lengths"], [0, 3, 0, 0])
+    np.testing.assert_array_equal(rows["done"], [False, False, False, False])
+    assert (rows["tokens"][[0, 3]] == 0).all() and (rows["tokens"][1] == 7).all()
+    np.testing.assert_array_equal(engine.per_group["done_at"], [-1, -1])
+
+
+def test_kill_and_resume_is_exact(partial_run, compile_cache, tmp_path):  # noqa: F811
+    """SIGKILL while sampling step 2's round, then during the update of step 3: each rerun resumes from the last
+    checkpoint (with the rows in flight) and the run ends as the straight one."""
+    wd = tmp_path / "crashed"
+    fields = {k.replace(".", "__"): v for k, v in PARTIAL.items()}
+    args = fr.train_args(wd, total_steps=STEPS, rollout__max_staleness=K, checkpoint__async_save=False, **fields)
+    for fault in ("sample:2", "update:3"):
+        proc = fr.run_cli("train", args, fr.cli_env(compile_cache, fault))
+        assert proc.returncode == -9, (fault, proc.stderr[-3000:])
+    proc = fr.run_cli("train", args, fr.cli_env(compile_cache))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert fr.without_perf(fr.read_jsonl(wd / "metrics.jsonl")) == partial_run
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"rollout.max_staleness": 1}, "rollout.max_staleness"),
+    ({"rollout.decode_slots": 0}, "rollout.decode_slots"),
+    ({"rollout.kv_page_size": 4}, "rollout.kv_page_size"),
+    ({"dapo.dynamic_sampling": True}, "dapo.dynamic_sampling"),
+    ({"mesh.rollout_devices": 1}, "mesh.rollout_devices"),
+    ({"distill.lmbda": 0.5}, "distill.lmbda"),
+])
+def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp_path):
+    with pytest.raises(ValueError, match=f"config.{field} .*rollout.partial"):
+        Trainer(partial_config(**overrides), str(tmp_path / "w"))
+
+
+def test_routing_replay_is_refused_for_moe():
+    rollouts = type("R", (), {"mc": type("M", (), {"num_experts": 4})()})()
+    with pytest.raises(ValueError, match="config.model.routing_replay must be False with rollout.partial"):
+        PartialRollouts(partial_config(), rollouts)

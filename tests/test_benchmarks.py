@@ -256,3 +256,26 @@ def test_paged_cache_script_runs_at_toy_size(tmp_path):
     block = out.read_text()
     for name in ("| unpaged S=2 |", "| paged S=2 |", "| paged S=8 |"):
         assert name in block, block
+
+
+def test_partial_rollouts_script_runs_at_toy_size(tmp_path):
+    """benchmarks/partial_rollouts.py: sync against partial rollouts at toy size (async k = 1 is the same
+    trainer path as sync with the producer one step ahead; the full run has all three)."""
+    out = tmp_path / "doc.md"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "partial_rollouts.py"), "--toy",
+                           "--modes", "sync,partial", "--out", str(out), "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    block = out.read_text().split("<!-- partial-timing:begin -->")[1].split("<!-- partial-timing:end -->")[0]
+    assert "| sync | 0 |" in block and "| partial | 2 |" in block and "sync / partial:" in block
+    modes = json.loads((tmp_path / "r.json").read_text())["modes"]
+    assert modes["partial"]["rounds_timed"] >= 1 and modes["partial"]["gen_tokens"] > 0
+    assert modes["sync"]["decode_steps"] >= 1
+
+
+def test_slots_schedule_of_partial_rollouts_benchmark():
+    """The decode steps the benchmark credits sync/async with: the slots sampler's list schedule."""
+    from partial_rollouts import slots_decode_steps
+    assert slots_decode_steps([5, 1, 3, 2], 1) == 4 + 2 + 1
+    assert slots_decode_steps([5, 1, 3, 2], 2) == 4  # slot 0: 4 steps; slot 1: 2, then 1
+    assert slots_decode_steps([2, 2, 9], 2) == 1 + 8

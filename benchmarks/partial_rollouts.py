@@ -3,7 +3,7 @@ heavy-tailed completion lengths: the trainer's time per step, and the tiny task'
 
   python benchmarks/partial_rollouts.py [--toy] [--size 3M] [--prompts 8] [--group 4] [--prompt-len 64] \
       [--new-tokens 2048] [--median 0.1] [--slots 0] [--steps 6] [--warmup 2] [--json F] [--out docs/benchmarks.md]
-  python benchmarks/partial_rollouts.py --curves [--curve-steps 300] [--curve-slots 64] [--root DIR]
+  python benchmarks/partial_rollouts.py --curves [--curve-steps 800] [--curve-slots 64] [--seeds 0,1] [--root DIR]
 
 Time per step (one process, the three runs one after the other on the same workspace):
   sync     rollout.max_staleness 0: sample the batch, then train on it
@@ -21,8 +21,9 @@ Reported, medians of the steps after `--warmup`: step time, the rollout's share 
 generated tokens per step (partial: every token drawn in the round, rows left in flight included), decode
 steps per round (partial: the round's loop iterations, measured; sync/async: the slots schedule of the
 batch's measured lengths, each row holding a slot for length - 1 steps), the batch's mean completion length,
-and the ratios sync/partial, async/partial. Partial's batches are the groups that finished first: shorter
-on average than a fresh batch (the update's tokens differ too, with `--pack-length`).
+and the ratios sync/partial, async/partial. Partial's batches are the groups that completed first, rows
+begun in earlier rounds among them: their lengths differ from a fresh batch's (the update's tokens too, with
+`--pack-length`; without it the update runs B*G rows of P + T tokens in every mode).
 
 --curves runs configs/tiny.py (GRPO) for `--curve-steps` steps with k = 0, k = 1 and partial k = 2, all with
 rollout.decode_slots = `--curve-slots` (the same sampler, so only the schedule differs), each in its own
@@ -77,8 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--json", default="", help="also write the results here")
     p.add_argument("--out", default="", help="markdown file whose results block is replaced")
     p.add_argument("--curves", action="store_true", help="the tiny task's reward per sample instead")
-    p.add_argument("--curve-steps", type=int, default=300)
+    p.add_argument("--curve-steps", type=int, default=800)
     p.add_argument("--curve-slots", type=int, default=64)
+    p.add_argument("--seeds", default="0", help="--curves: config.seed of each run, comma-separated")
     p.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "partial_curves"))
     args = p.parse_args(argv)
     if args.toy:
@@ -191,39 +193,41 @@ def timing(args) -> tuple[str, dict]:
 def curves(args) -> tuple[str, dict]:
     runs = {"k=0": (0, False), "k=1": (1, False), "partial k=2": (2, True)}
     B = G = 16  # configs/tiny.py's batch: 256 samples a step in every mode
+    seeds = [int(x) for x in args.seeds.split(",")]
     result = {}
     lines = [f"== curves: configs/tiny.py GRPO, {args.curve_steps} steps ({args.curve_steps * B * G:,} samples) "
-             "per run, "
-             f"decode_slots {args.curve_slots} in every run",
-             "| run | reward by window of samples consumed | last window "
-             "| held-out pass@1 (step 0, every 100 steps, end) "
-             "| staleness (mean) | rows restarted |", "|---|---|---|---|---|---|"]
-    win = max(1, args.curve_steps // 6)
+             f"per run, decode_slots {args.curve_slots} in every run, seeds {args.seeds}",
+             "| run | seed | reward by window of samples consumed | last window "
+             "| held-out pass@1 (step 0, every 100 steps, end) | staleness (mean) | rows restarted |",
+             "|---|---|---|---|---|---|---|"]
+    win = max(1, args.curve_steps // 8)
     for name, (k, partial) in runs.items():
-        wd = os.path.join(args.root, name.replace(" ", "_").replace("=", ""))
-        if not os.path.exists(os.path.join(wd, "DONE")):
-            cmd = [sys.executable, "-m", "jaxrl_llm.train", f"--config={ROOT}/configs/tiny.py", f"--workdir={wd}",
-                   f"--config.total_steps={args.curve_steps}", f"--config.rollout.max_staleness={k}",
-                   f"--config.rollout.partial={partial}", f"--config.rollout.decode_slots={args.curve_slots}",
-                   "--config.log.progress=False",
-                   "--config.export.at_end=False", "--config.export.plot=False"]
-            if args.toy:
-                cmd += ["--config.eval.every_steps=0", "--config.rollout.batch_prompts=4",
-                        "--config.rollout.group_size=4", "--config.checkpoint.every_steps=1000"]
-            print(" ".join(cmd[1:]), flush=True)
-            subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        with open(os.path.join(wd, "metrics.jsonl")) as f:
-            rows = [json.loads(line) for line in f]
-        r = [x["reward/mean"] for x in rows if "reward/mean" in x]
-        ev = [x["eval/pass@1"] for x in rows if "eval/pass@1" in x]
-        means = [sum(r[i:i + win]) / len(r[i:i + win]) for i in range(0, len(r), win)]
-        stale = [x["rollout/staleness/mean"] for x in rows if "rollout/staleness/mean" in x]
-        restarted = sum(x.get("rollout/partial/restarted", 0.0) for x in rows)
-        result[name] = {"reward": r, "eval_pass@1": ev, "window_means": means, "window_steps": win,
-                        "staleness_mean": sum(stale) / max(len(stale), 1), "restarted": restarted}
-        evs = " ".join(f"{e:.3f}" for e in ev) or "-"
-        lines.append(f"| {name} | {' '.join(f'{m:.3f}' for m in means)} | {means[-1]:.3f} | {evs} | "
-                     f"{result[name]['staleness_mean']:.2f} | {int(restarted)} |")
+        for seed in seeds:
+            wd = os.path.join(args.root, f"{name.replace(' ', '_').replace('=', '')}_s{seed}")
+            if not os.path.exists(os.path.join(wd, "DONE")):
+                cmd = [sys.executable, "-m", "jaxrl_llm.train", f"--config={ROOT}/configs/tiny.py",
+                       f"--workdir={wd}", f"--config.seed={seed}", f"--config.total_steps={args.curve_steps}",
+                       f"--config.rollout.max_staleness={k}", f"--config.rollout.partial={partial}",
+                       f"--config.rollout.decode_slots={args.curve_slots}", "--config.log.progress=False",
+                       "--config.export.at_end=False", "--config.export.plot=False"]
+                if args.toy:
+                    cmd += ["--config.eval.every_steps=0", "--config.rollout.batch_prompts=4",
+                            "--config.rollout.group_size=4", "--config.checkpoint.every_steps=1000"]
+                print(" ".join(cmd[1:]), flush=True)
+                subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+            with open(os.path.join(wd, "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
+            r = [x["reward/mean"] for x in rows if "reward/mean" in x]
+            ev = [x["eval/pass@1"] for x in rows if "eval/pass@1" in x]
+            means = [sum(r[i:i + win]) / len(r[i:i + win]) for i in range(0, len(r), win)]
+            stale = [x["rollout/staleness/mean"] for x in rows if "rollout/staleness/mean" in x]
+            restarted = sum(x.get("rollout/partial/restarted", 0.0) for x in rows)
+            one = {"reward": r, "eval_pass@1": ev, "window_means": means, "window_steps": win,
+                   "staleness_mean": sum(stale) / max(len(stale), 1), "restarted": restarted}
+            result[f"{name} seed {seed}"] = one
+            evs = " ".join(f"{e:.3f}" for e in ev) or "-"
+            lines.append(f"| {name} | {seed} | {' '.join(f'{m:.3f}' for m in means)} | {means[-1]:.3f} | {evs} | "
+                         f"{one['staleness_mean']:.2f} | {int(restarted)} |")
     lines.append(f"(windows of {win} steps = {win * B * G:,} samples)" if not args.toy else "(toy sizes)")
     text = "\n".join(lines)
     print(text)

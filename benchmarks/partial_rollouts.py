@@ -192,7 +192,7 @@ def timing(args) -> tuple[str, dict]:
 
 def curves(args) -> tuple[str, dict]:
     runs = {"k=0": (0, False), "k=1": (1, False), "partial k=2": (2, True)}
-    B = G = 16  # configs/tiny.py's batch: 256 samples a step in every mode
+    B = G = 4 if args.toy else 16  # configs/tiny.py's batch: 256 samples a step in every mode
     seeds = [int(x) for x in args.seeds.split(",")]
     result = {}
     lines = [f"== curves: configs/tiny.py GRPO, {args.curve_steps} steps ({args.curve_steps * B * G:,} samples) "
@@ -222,7 +222,8 @@ def curves(args) -> tuple[str, dict]:
             means = [sum(r[i:i + win]) / len(r[i:i + win]) for i in range(0, len(r), win)]
             stale = [x["rollout/staleness/mean"] for x in rows if "rollout/staleness/mean" in x]
             restarted = sum(x.get("rollout/partial/restarted", 0.0) for x in rows)
-            one = {"reward": r, "eval_pass@1": ev, "window_means": means, "window_steps": win,
+            tens = [round(sum(r[i:i + 10]) / len(r[i:i + 10]), 4) for i in range(0, len(r), 10)]
+            one = {"reward_per_10_steps": tens, "eval_pass@1": ev, "window_means": means, "window_steps": win,
                    "staleness_mean": sum(stale) / max(len(stale), 1), "restarted": restarted}
             result[f"{name} seed {seed}"] = one
             evs = " ".join(f"{e:.3f}" for e in ev) or "-"

@@ -104,12 +104,25 @@ def test_kill_and_resume_is_exact(partial_run, compile_cache, tmp_path):  # noqa
     assert fr.without_perf(fr.read_jsonl(wd / "metrics.jsonl")) == partial_run
 
 
+def test_a_rollout_mesh_gives_the_one_mesh_run(partial_run, compile_cache, tmp_path):  # noqa: F811
+    """Rounds in the producer thread on a rollout device of their own (2 CPU devices: 1 samples, 1 trains)."""
+    fields = {k.replace(".", "__"): v for k, v in PARTIAL.items()}
+    args = fr.train_args(tmp_path / "split", total_steps=STEPS, rollout__max_staleness=K, checkpoint__async_save=False,
+                         mesh__rollout_devices=1, **fields)
+    proc = fr.run_cli("train", args, fr.cli_env(compile_cache, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = fr.without_perf(fr.read_jsonl(tmp_path / "split" / "metrics.jsonl"))
+    assert [r.keys() for r in split] == [r.keys() for r in partial_run]
+    for a, b in zip(split, partial_run):
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("overrides,field", [
     ({"rollout.max_staleness": 1}, "rollout.max_staleness"),
     ({"rollout.decode_slots": 0}, "rollout.decode_slots"),
     ({"rollout.kv_page_size": 4}, "rollout.kv_page_size"),
     ({"dapo.dynamic_sampling": True}, "dapo.dynamic_sampling"),
-    ({"mesh.rollout_devices": 1}, "mesh.rollout_devices"),
     ({"distill.lmbda": 0.5}, "distill.lmbda"),
 ])
 def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp_path):

@@ -130,7 +130,18 @@ def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp
         Trainer(partial_config(**overrides), str(tmp_path / "w"))
 
 
-def test_routing_replay_is_refused_for_moe():
-    rollouts = type("R", (), {"mc": type("M", (), {"num_experts": 4})()})()
-    with pytest.raises(ValueError, match="config.model.routing_replay must be False with rollout.partial"):
-        PartialRollouts(partial_config(), rollouts)
+def test_moe_partial_rounds_replay_each_tokens_recorded_experts(tmp_path):
+    """A tiny MoE with routing replay: step 0's batch (all tokens of version 0) is recomputed by the trainer to
+    1e-5 with the replayed experts; later batches carry routes for every fed token."""
+    from jaxrl_llm.trainer.setup import load_tokenizer
+    from test_moe_trainer import _tiny_moe_dir
+    c = partial_config(total_steps=3)
+    c.model.path = _tiny_moe_dir(str(tmp_path / "moe"), load_tokenizer(c.tokenizer))
+    c.checkpoint.every_steps = 10
+    tr = Trainer(c, str(tmp_path / "run"))
+    history = tr.run()
+    assert history[0]["sampler/logp_diff_max"] <= 1e-5
+    assert tr.partial.route_shape == (1, 2)
+    rows = tr.partial.rows
+    fed = (np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None] - 1)  # every token but the last
+    assert (rows["routes"][fed] >= 0).all() and (rows["routes"][~fed] < 0).all()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.models import token_logprobs
+from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.sampling import generate
 from jaxrl_llm.sampling.partial import empty_rows, run_round
 from test_sampling_paged import MODELS, PAD, _model, left_padded_batch
@@ -32,13 +33,19 @@ def _key_rows(key, prompts: int):
 
 
 def _rounds(config, weights, prompts, mask, key, **kw):
-    """Rounds until every row is done, round v with weights(v), stopping once v + 1 groups are complete."""
+    """Rounds until every row is done, round v with weights(v), stopping once v + 1 groups are complete (MoE:
+    routes recorded; the prompts' routes of the first round)."""
     table, v = empty_rows(B * G, T, PAD), 0
+    if config.num_experts:
+        table["routes"] = unrecorded_routes(config, B * G, T)
+    first_prompt_routes = None
     keys = _key_rows(key, B)
     while not np.all(np.asarray(table["done"])):
         table = run_round(config, weights(v), prompts, mask, keys, table, v, v + 1, max_new_tokens=T,
                           num_samples=G, slots=S, eos_ids=EOS, **kw)
+        first_prompt_routes = table["prompt_routes"] if first_prompt_routes is None else first_prompt_routes
         v += 1
+    table["prompt_routes"] = first_prompt_routes
     return {k: np.asarray(x) for k, x in table.items()}, v
 
 
@@ -59,6 +66,9 @@ def test_rounds_with_one_policy_equal_the_slots_sampler(model, mode, prompts):
                    decode_slots=S, **kw)
     table, rounds = _rounds(config, lambda v: params, *prompts, key, **kw)
     assert rounds >= 2  # the rows really stopped and resumed
+    if config.num_experts:  # each fed token's experts, whatever round fed it; the prompts' of the first round
+        np.testing.assert_array_equal(table["routes"], np.asarray(ref.routes))
+        np.testing.assert_array_equal(table["prompt_routes"], np.asarray(ref.prompt_routes)[:, ::G])
     mask = np.arange(T)[None] < table["lengths"][:, None]
     np.testing.assert_array_equal(mask, np.asarray(ref.mask).astype(bool))
     np.testing.assert_array_equal(np.where(mask, table["tokens"], PAD), np.asarray(ref.tokens))

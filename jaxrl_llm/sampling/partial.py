@@ -48,13 +48,15 @@ def keyed_uniforms(keys, rows, steps):
 @functools.partial(jit, static_argnames=("config", "num_samples", "slots", "top_k", "greedy", "nucleus", "eos_ids",
                                          "penalize", "use_min_p", "resume"))
 def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, logprobs, versions, lengths, done,
-                  version, need, temperature, top_p, penalty=1.0, min_p=0.0, *, num_samples, slots, top_k, greedy,
-                  nucleus, eos_ids, penalize=False, use_min_p=False, resume=False):
+                  version, need, temperature, top_p, penalty=1.0, min_p=0.0, routes=None, *, num_samples, slots,
+                  top_k, greedy, nucleus, eos_ids, penalize=False, use_min_p=False, resume=False):
     """One round (the module docstring). prompts, prompt_mask (Q,P) int32; keys (Q,2) uint32, each prompt's
     rows' key; stream (R,) int32; tokens, logprobs, versions, lengths, done as in the module docstring;
-    version, need int32 scalars. Returns (tokens, logprobs, versions, lengths, done, finish (R,) int32: the
-    loop iteration at which each row ended in this round (0: at its first token; -1: not in this round),
-    iterations: the decode steps run)."""
+    version, need int32 scalars. routes (L,R,T,k) int32 or None: MoE, the experts each fed token was routed
+    to (`moe.unrecorded_routes` where none yet): every token fed in this round records this version's.
+    Returns (tokens, logprobs, versions, lengths, done, finish (R,) int32: the loop iteration at which each
+    row ended in this round (0: at its first token; -1: not in this round), iterations: the decode steps
+    run, routes, prompt_routes (L,Q,P,k): this round's experts of the prompts; both None without routes)."""
     q, p_len = prompts.shape
     r, t_max = tokens.shape
     g, s = num_samples, slots
@@ -69,7 +71,9 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
     drawn = jnp.arange(t_max)[None] < lengths[:, None]  # (R,T) the tokens each row already holds
 
     # 1. the prompts once; the first token of every row not started.
-    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    moe = routes is not None
+    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
+                                                return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
     prompt_len = jnp.sum(prompt_mask, axis=-1)
     last_logits = decode_logits(config, params, hidden[:, -1])  # (Q,V)
@@ -109,13 +113,15 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
     token0 = jnp.take_along_axis(jnp.take(tokens, jnp.minimum(slot_row, r - 1), axis=0), t0[:, None], 1)[:, 0]
     groups_done = lambda d: jnp.sum(jnp.all(d.reshape(q, g), axis=-1))
     state = (slot_row, t0, token0, jnp.int32(s), decode_rows(config, prefix, prompt_of(slot_row)), cache,
-             tokens, logprobs, versions, lengths, done, finish, seen, jnp.int32(0))
+             tokens, logprobs, versions, lengths, done, finish, seen, jnp.int32(0), routes)
 
     def body(state):
-        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, versions, lengths, done, finish, seen, it = state
+        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, versions, lengths, done, finish, seen, it, routes = state
         active, prompt = row < r, prompt_of(row)
-        hidden, cache = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache, t,
-                                    slot_prefix, jnp.take(prefix_mask, prompt, axis=0))
+        hidden, cache, *experts = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache,
+                                              t, slot_prefix, jnp.take(prefix_mask, prompt, axis=0), return_routes=moe)
+        if moe:  # the experts (L,S,k) of each slot's token t -> routes[:, row, t] (an idle slot's: dropped)
+            routes = routes.at[:, row, t].set(experts[0], mode="drop")
         logits = decode_logits(config, params, hidden)
         new, logp, blogp = draw(logits, uniform=uniforms(row, t + 1),
                                 seen=None if seen is None else jnp.take(seen, jnp.minimum(row, r - 1), axis=0))
@@ -136,19 +142,19 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
         slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_rows(config, prefix, prompt_of(row)),
                                    lambda p: p, slot_prefix)
         return (row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, versions, lengths,
-                done, finish, seen, it + 1)
+                done, finish, seen, it + 1, routes)
 
     go = lambda st: jnp.any(st[0] < r) & (groups_done(st[10]) < need)
     state = jax.lax.while_loop(go, body, state)
-    tokens, logprobs, versions, lengths, done, finish, _, iterations = state[6:]
-    return tokens, logprobs, versions, lengths, done, finish, iterations
+    tokens, logprobs, versions, lengths, done, finish, _, iterations, routes = state[6:]
+    return tokens, logprobs, versions, lengths, done, finish, iterations, routes, prompt_routes[0] if moe else None
 
 
 def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: int, need: int, *, max_new_tokens,
               num_samples, slots, eos_ids, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
               min_p=0.0) -> dict:
     """`round_program` on a table of rows (host or device arrays: stream, tokens, logprobs, versions,
-    lengths, done); returns the table after the round, with `finish` and `iterations`. Refuses a table
+    lengths, done; MoE with `routes` (L,R,T,k): recorded); returns the table after the round, with `finish` and `iterations`. Refuses a table
     that does not fit the slots' rule (more rows holding two tokens or more than slots)."""
     lengths = jnp.asarray(table["lengths"])
     resume = bool(jnp.any(lengths >= 2))
@@ -162,8 +168,9 @@ def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: 
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
                         jnp.float32(min_p), num_samples=int(num_samples), slots=int(slots), top_k=int(top_k),
                         greedy=temperature == 0, nucleus=top_p < 1.0, eos_ids=tuple(int(e) for e in eos_ids),
+                        routes=None if table.get("routes") is None else jnp.asarray(table["routes"], jnp.int32),
                         penalize=repetition_penalty != 1.0, use_min_p=min_p > 0, resume=resume)
-    names = ("tokens", "logprobs", "versions", "lengths", "done", "finish", "iterations")
+    names = ("tokens", "logprobs", "versions", "lengths", "done", "finish", "iterations", "routes", "prompt_routes")
     return {**table, **dict(zip(names, out))}
 
 

@@ -37,10 +37,10 @@ import numpy as np
 
 from jaxrl_llm import faults, sharding
 from jaxrl_llm.data.padding import left_pad
+from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling.partial import empty_rows, run_round
 
-_ROW_KEYS = ("stream", "tokens", "logprobs", "versions", "lengths", "done")  # per row
-_GROUP_KEYS = ("prompt_tokens", "prompt_mask", "keys", "done_at")  # per group
+_GROUP_KEYS = ("prompt_tokens", "prompt_mask", "keys", "done_at", "prompt_routes")  # per group
 
 
 def _key_data(key) -> np.ndarray:
@@ -57,10 +57,12 @@ class PartialRollouts:
         if jax.process_count() > 1:
             raise ValueError("config.rollout.partial runs on one process for now (a round's stop and the batch's "
                              f"groups are decided over the whole table), got {jax.process_count()} processes")
-        if rollouts.mc.num_experts and c.model.routing_replay:
-            raise ValueError("config.model.routing_replay must be False with rollout.partial (a resumed row's "
-                             "experts are not recorded across versions yet)")
         self.c, self.rollouts = c, rollouts
+        mc = rollouts.mc
+        # MoE routing replay: each fed token's experts under the version that fed it; a group's prompt's
+        # under the version of the round it entered the table.
+        self.route_shape = ((mc.num_layers, mc.num_experts_per_tok) if mc.num_experts and c.model.routing_replay
+                            else None)
         self.B, self.G = c.rollout.batch_prompts, c.rollout.group_size
         self.groups: list[dict] = []  # each group's dataset columns (what rewards see), in table order
         self.rows: dict | None = None
@@ -78,6 +80,9 @@ class PartialRollouts:
         rows["stream"] += stream0
         group = {"prompt_tokens": tokens, "prompt_mask": mask, "keys": np.stack([_key_data(key)] * n),
                  "done_at": np.full(n, -1, np.int64)}
+        if self.route_shape:
+            rows["routes"] = np.full((n * G, c.rollout.max_new_tokens, *self.route_shape), NO_ROUTE, np.int32)
+            group["prompt_routes"] = np.full((n, tokens.shape[1], *self.route_shape), NO_ROUTE, np.int32)
         # Through JSON now, as a resumed run reads them from the checkpoint: both runs' rewards see the same values.
         try:
             self.groups += json.loads(json.dumps([{k: batch[k][i] for k in columns} for i in range(n)], default=_plain))
@@ -87,8 +92,8 @@ class PartialRollouts:
         if self.rows is None:
             self.rows, self.per_group = rows, group
         else:
-            self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in _ROW_KEYS}
-            self.per_group = {k: np.concatenate([self.per_group[k], group[k]]) for k in _GROUP_KEYS}
+            self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in rows}
+            self.per_group = {k: np.concatenate([self.per_group[k], group[k]]) for k in group}
 
     def _keep(self, groups: np.ndarray) -> None:
         """Keeps only `groups` (indices, in table order) in the table."""
@@ -105,6 +110,8 @@ class PartialRollouts:
             r["tokens"][stale] = self.rollouts.pad_id
             r["logprobs"][stale], r["versions"][stale], r["lengths"][stale] = 0, 0, 0
             r["done"][stale] = False
+            if "routes" in r:
+                r["routes"][stale] = NO_ROUTE
             self.per_group["done_at"][np.unique(np.nonzero(stale)[0] // self.G)] = -1
         return int(stale.sum())
 
@@ -114,20 +121,26 @@ class PartialRollouts:
         (rows of the batch, the same rows (what the metrics describe), info), as `Rollouts.collect`."""
         c, ro, B, G = self.c, self.rollouts, self.B, self.G
         t0 = time.perf_counter()
-        added = 0
+        added, old = 0, len(self.groups)
         while len(self.groups) < 2 * B:
             self._add(next(ro.data), key, added * G)
             added += B
         restarted = self._restart_stale(step)
         before = int(self.rows["lengths"].sum())
+        table = dict(self.rows)
+        if "routes" in table:  # rows first on the host, layers first in the program
+            table["routes"] = table["routes"].transpose(2, 0, 1, 3)
         with sharding.use_mesh(ro.mesh):
             out = run_round(ro.mc, params, self.per_group["prompt_tokens"], self.per_group["prompt_mask"],
-                            self.per_group["keys"], self.rows, version, B, max_new_tokens=c.rollout.max_new_tokens,
+                            self.per_group["keys"], table, version, B, max_new_tokens=c.rollout.max_new_tokens,
                             num_samples=G, slots=c.rollout.decode_slots, eos_ids=ro.eos_ids,
                             temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
                             repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p)
         faults.point("sample")  # the round is running (dispatch is asynchronous)
-        self.rows = {k: np.array(out[k]) for k in _ROW_KEYS}
+        self.rows = {k: np.array(out[k]) for k in self.rows}
+        if "routes" in self.rows:
+            self.rows["routes"] = self.rows["routes"].transpose(1, 2, 0, 3)
+            self.per_group["prompt_routes"][old:] = np.asarray(out["prompt_routes"]).transpose(1, 2, 0, 3)[old:]
         finish, steps = np.asarray(out["finish"]).reshape(-1, G), int(out["iterations"])
         complete = self.rows["done"].reshape(-1, G).all(axis=1)
         done_at = self.per_group["done_at"]
@@ -163,6 +176,8 @@ class PartialRollouts:
                  "lengths": r["lengths"].astype(np.int32), "truncated": ~np.isin(last, eos),
                  "policy_version": r["versions"][:, 0].astype(np.int32),
                  "token_versions": np.where(mask == 1, r["versions"], 0).astype(np.int32)}
+        if "routes" in r:  # MoE routing replay: (rows, tokens, L, k), as Rollouts' rows
+            local["routes"], local["prompt_routes"] = r["routes"], self.per_group["prompt_routes"][groups]
         columns = self.groups[0].keys() if self.groups else ()
         batch = {k: [self.groups[i][k] for i in groups] for k in columns}
         return local, batch
@@ -182,8 +197,8 @@ class PartialRollouts:
         if "arrays" not in state:
             return
         with np.load(io.BytesIO(base64.b64decode(state["arrays"])), allow_pickle=False) as z:
-            self.rows = {k: z[k] for k in _ROW_KEYS}
-            self.per_group = {k: z[k] for k in _GROUP_KEYS}
+            self.rows = {k: z[k] for k in z.files if k not in _GROUP_KEYS}
+            self.per_group = {k: z[k] for k in z.files if k in _GROUP_KEYS}
         self.groups = list(state["groups"])
 
 

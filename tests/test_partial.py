@@ -67,6 +67,7 @@ def test_partial_run_is_the_schedule_as_a_plain_loop(partial_run, tmp_path):
 def test_rows_continue_across_updates_within_the_bound(partial_run):
     run = partial_run
     assert max(r["rollout/partial/in_flight"] for r in run) > 0  # rows were left in flight at a round's stop
+    assert max(r["rollout/partial/held"] for r in run) > 0  # and a round waited for rows at the bound
     # Some batch mixes tokens of several versions: its oldest token is older than its newest.
     assert any(r["rollout/staleness/max"] > r["rollout/staleness/min_token"] for r in run)
     assert all(r["rollout/staleness/max"] <= K for r in run)
@@ -74,20 +75,15 @@ def test_rows_continue_across_updates_within_the_bound(partial_run):
     assert all("correction/ess" in r for r in run)
 
 
-def test_a_stale_row_is_restarted():
-    """A row whose oldest token would be more than k versions behind is dropped and drawn again."""
+def test_groups_about_to_pass_the_bound_are_held():
+    """A group whose oldest token would be more than k versions behind the next step is held (this round's
+    batch must take it); a group not started is drawn by this round's version."""
     engine = PartialRollouts.__new__(PartialRollouts)
-    engine.c = partial_config()
-    engine.G, engine.rollouts = 2, type("R", (), {"pad_id": 0})()
-    rows = {"lengths": np.array([3, 3, 0, 2]), "done": np.array([True, False, False, True]),
-            "tokens": np.full((4, 3), 7), "logprobs": np.ones((4, 2, 3)), "versions": np.array([[1, 2, 3]] * 4)}
-    rows["versions"][1] = [3, 3, 3]
-    engine.rows, engine.per_group = rows, {"done_at": np.array([5, 9])}
-    assert engine._restart_stale(step=4) == 2  # rows 0 and 3 (head version 1: 4 - 1 > 2); row 2 is not started
-    np.testing.assert_array_equal(rows["lengths"], [0, 3, 0, 0])
-    np.testing.assert_array_equal(rows["done"], [False, False, False, False])
-    assert (rows["tokens"][[0, 3]] == 0).all() and (rows["tokens"][1] == 7).all()
-    np.testing.assert_array_equal(engine.per_group["done_at"], [-1, -1])
+    engine.c, engine.G = partial_config(), 2
+    engine.rows = {"lengths": np.array([3, 1, 0, 0, 2, 5]), "versions": np.array([[1, 2], [1, 0], [0, 0], [0, 0],
+                                                                                  [2, 2], [2, 3]])}
+    np.testing.assert_array_equal(engine._held(step=3, version=2), [True, False, False])  # 3 + 1 - 1 > 2
+    np.testing.assert_array_equal(engine._held(step=4, version=3), [True, False, True])
 
 
 def test_kill_and_resume_is_exact(partial_run, compile_cache, tmp_path):  # noqa: F811

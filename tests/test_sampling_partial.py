@@ -98,6 +98,22 @@ def test_each_token_logprob_is_its_versions(model, prompts):
     assert np.abs(table["logprobs"][:, 0][versions > 0] - ref0[versions > 0]).max() > 1e-3
 
 
+def test_a_round_waits_for_the_groups_it_holds(prompts):
+    """need = 1 stops at the first complete group, unless a group is held: then it runs until that one is done."""
+    config, params = _model()
+    keys = _key_rows(jax.random.PRNGKey(3), B)
+    kw = dict(max_new_tokens=T, num_samples=G, slots=S, eos_ids=EOS, temperature=1.3)
+    free = run_round(config, params, *prompts, keys, empty_rows(B * G, T, PAD), 0, 1, **kw)
+    complete = np.asarray(free["done"]).reshape(B, G).all(1)
+    last = int(np.nonzero(~complete)[0][-1])  # a group the free round left unfinished
+    held = run_round(config, params, *prompts, keys, empty_rows(B * G, T, PAD), 0, 1, hold=np.arange(B) == last, **kw)
+    assert np.asarray(held["done"]).reshape(B, G)[last].all()
+    assert int(held["iterations"]) > int(free["iterations"])
+    done = np.asarray(held["done"])  # the rows both rounds finished agree token for token
+    both = np.asarray(free["done"]) & done
+    np.testing.assert_array_equal(np.asarray(free["tokens"])[both], np.asarray(held["tokens"])[both])
+
+
 def test_a_table_with_more_rows_in_flight_than_slots_is_refused(prompts):
     config, params = _model()
     table = empty_rows(B * G, T, PAD)

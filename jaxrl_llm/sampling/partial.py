@@ -16,7 +16,7 @@ A round, with the parameters of policy version `version`:
      static: the first round of a run has none), and the row goes on at cache index n-1 exactly as if
      it had never stopped -- the decode step, its window and positions are the slots sampler's;
   3. the slots sampler's loop (sampling/slots.py), until at least `need` groups have all their rows done
-     (or no slot holds a row).
+     and so have the groups `hold` names (or no slot holds a row).
 Rows in flight at the stop keep their tokens. Only rows that held a slot hold two tokens or more, and
 they are queued first: the next round's first S queued rows include every row that needs its cache.
 
@@ -48,11 +48,11 @@ def keyed_uniforms(keys, rows, steps):
 @functools.partial(jit, static_argnames=("config", "num_samples", "slots", "top_k", "greedy", "nucleus", "eos_ids",
                                          "penalize", "use_min_p", "resume"))
 def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, logprobs, versions, lengths, done,
-                  version, need, temperature, top_p, penalty=1.0, min_p=0.0, routes=None, *, num_samples, slots,
+                  version, need, hold, temperature, top_p, penalty=1.0, min_p=0.0, routes=None, *, num_samples, slots,
                   top_k, greedy, nucleus, eos_ids, penalize=False, use_min_p=False, resume=False):
     """One round (the module docstring). prompts, prompt_mask (Q,P) int32; keys (Q,2) uint32, each prompt's
     rows' key; stream (R,) int32; tokens, logprobs, versions, lengths, done as in the module docstring;
-    version, need int32 scalars. routes (L,R,T,k) int32 or None: MoE, the experts each fed token was routed
+    version, need int32 scalars; hold (Q,) bool: groups the round may not stop before they are done. routes (L,R,T,k) int32 or None: MoE, the experts each fed token was routed
     to (`moe.unrecorded_routes` where none yet): every token fed in this round records this version's.
     Returns (tokens, logprobs, versions, lengths, done, finish (R,) int32: the loop iteration at which each
     row ended in this round (0: at its first token; -1: not in this round), iterations: the decode steps
@@ -144,7 +144,8 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
         return (row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, versions, lengths,
                 done, finish, seen, it + 1, routes)
 
-    go = lambda st: jnp.any(st[0] < r) & (groups_done(st[10]) < need)
+    held = lambda d: jnp.any(hold & ~jnp.all(d.reshape(q, g), axis=-1))
+    go = lambda st: jnp.any(st[0] < r) & ((groups_done(st[10]) < need) | held(st[10]))
     state = jax.lax.while_loop(go, body, state)
     tokens, logprobs, versions, lengths, done, finish, _, iterations, routes = state[6:]
     return tokens, logprobs, versions, lengths, done, finish, iterations, routes, prompt_routes[0] if moe else None
@@ -152,10 +153,11 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
 
 def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: int, need: int, *, max_new_tokens,
               num_samples, slots, eos_ids, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
-              min_p=0.0) -> dict:
+              min_p=0.0, hold=None) -> dict:
     """`round_program` on a table of rows (host or device arrays: stream, tokens, logprobs, versions,
-    lengths, done; MoE with `routes` (L,R,T,k): recorded); returns the table after the round, with `finish` and `iterations`. Refuses a table
-    that does not fit the slots' rule (more rows holding two tokens or more than slots)."""
+    lengths, done; MoE with `routes` (L,R,T,k): recorded) and `hold` (Q,) bool (None: none held); returns
+    the table after the round, with `finish` and `iterations`. Refuses a table that does not fit the slots'
+    rule (more rows holding two tokens or more than slots)."""
     lengths = jnp.asarray(table["lengths"])
     resume = bool(jnp.any(lengths >= 2))
     if int(jnp.sum((lengths >= 2) & ~jnp.asarray(table["done"]))) > slots:
@@ -165,6 +167,7 @@ def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: 
                         jnp.asarray(table["tokens"], jnp.int32), jnp.asarray(table["logprobs"], jnp.float32),
                         jnp.asarray(table["versions"], jnp.int32), lengths.astype(jnp.int32),
                         jnp.asarray(table["done"], bool), jnp.int32(version), jnp.int32(need),
+                        jnp.zeros(len(prompts), bool) if hold is None else jnp.asarray(hold, bool),
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
                         jnp.float32(min_p), num_samples=int(num_samples), slots=int(slots), top_k=int(top_k),
                         greedy=temperature == 0, nucleus=top_p < 1.0, eos_ids=tuple(int(e) for e in eos_ids),

@@ -8,14 +8,17 @@ it at step i-1 with that step's policy, version i-1, or 0 for the first two):
   1. the table is filled up to 2B groups with the next prompts (two batches in the first round, then one);
      their rows' key is step i's sampling key, their stream index their place among the rows drawn in
      this round (sampling/partial.py);
-  2. a row whose oldest token would be more than k = rollout.max_staleness versions behind step i is
-     restarted: its tokens are dropped and drawn again by this round's policy (`rollout/partial/restarted`);
+  2. the groups whose oldest token would be more than k = rollout.max_staleness versions behind step i + 1
+     are held: step i's batch must take them, so the round may not stop before they are done
+     (`rollout/partial/held` counts those not done yet; they are among the B groups left from earlier
+     rounds, so never more than B);
   3. one decode round (sampling/partial.py `round_program`) with this version's weights: every row not
-     done goes on from its last token, until B groups have all their rows done;
-  4. the B complete groups that completed first (earlier rounds first, then by the decode step of their
-     last row, then table order) are the batch of step i, scored by the reward functions now; the other
-     rows stay in the table, in flight.
-So every token of step i's batch was drawn by a version in [i-k, i-1] (for the first steps, 0), and the
+     done goes on from its last token, until B groups have all their rows done and so have the held ones;
+  4. the held groups, then the other complete groups in the order they completed (earlier rounds first,
+     then by the decode step of their last row, then table order), B in all, are the batch of step i,
+     scored by the reward functions now; the other rows stay in the table, in flight.
+So every token of step i's batch was drawn by a version in [i-k, i-1] (for the first steps, 0) -- no row is
+ever dropped or restarted, a long row at worst makes the round of its last allowed step wait -- and the
 batch's `policy_version` per row is its oldest token's; `token_versions` (N,T) feeds the per-token
 staleness metrics, and the rollout correction reads each token's own behaviour log-prob.
 
@@ -102,18 +105,13 @@ class PartialRollouts:
         self.per_group = {k: v[groups] for k, v in self.per_group.items()}
         self.groups = [self.groups[i] for i in groups]
 
-    def _restart_stale(self, step: int) -> int:
-        """Drops the tokens of every row whose oldest token would be more than k versions behind `step`."""
-        r = self.rows
-        stale = (r["lengths"] > 0) & (step - r["versions"][:, 0] > self.c.rollout.max_staleness)
-        if stale.any():
-            r["tokens"][stale] = self.rollouts.pad_id
-            r["logprobs"][stale], r["versions"][stale], r["lengths"][stale] = 0, 0, 0
-            r["done"][stale] = False
-            if "routes" in r:
-                r["routes"][stale] = NO_ROUTE
-            self.per_group["done_at"][np.unique(np.nonzero(stale)[0] // self.G)] = -1
-        return int(stale.sum())
+    def _held(self, step: int, version: int) -> np.ndarray:
+        """(Q,) bool: the groups whose oldest token would be more than k versions behind step + 1, so this
+        round's batch must take them. A group's rows all draw their first token in the round it entered
+        the table, by that round's version (`version` for the groups not started)."""
+        r, G = self.rows, self.G
+        head = np.where(r["lengths"] > 0, r["versions"][:, 0], version).reshape(-1, G).min(axis=1)
+        return step + 1 - head > self.c.rollout.max_staleness
 
     # ------------------------------------------------------------------ one round
     def collect(self, params, key, step: int, version: int):
@@ -125,7 +123,11 @@ class PartialRollouts:
         while len(self.groups) < 2 * B:
             self._add(next(ro.data), key, added * G)
             added += B
-        restarted = self._restart_stale(step)
+        hold = self._held(step, version)
+        if hold.sum() > B:  # the table holds B groups from earlier rounds: never more to take
+            raise RuntimeError(f"partial rollouts: {int(hold.sum())} groups must be in step {step}'s batch of {B}")
+        complete = self.rows["done"].reshape(-1, G).all(axis=1)
+        waited = int((hold & ~complete).sum())
         before = int(self.rows["lengths"].sum())
         table = dict(self.rows)
         if "routes" in table:  # rows first on the host, layers first in the program
@@ -135,7 +137,7 @@ class PartialRollouts:
                             self.per_group["keys"], table, version, B, max_new_tokens=c.rollout.max_new_tokens,
                             num_samples=G, slots=c.rollout.decode_slots, eos_ids=ro.eos_ids,
                             temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
-                            repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p)
+                            repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p, hold=hold)
         faults.point("sample")  # the round is running (dispatch is asynchronous)
         self.rows = {k: np.array(out[k]) for k in self.rows}
         if "routes" in self.rows:
@@ -146,7 +148,7 @@ class PartialRollouts:
         done_at = self.per_group["done_at"]
         new = complete & (done_at < 0)
         done_at[new] = self.round * 2 ** 31 + finish[new].max(axis=1).astype(np.int64)  # completes with its last row
-        order = sorted(np.nonzero(complete)[0], key=lambda i: (done_at[i], i))
+        order = sorted(np.nonzero(complete)[0], key=lambda i: (not hold[i], done_at[i], i))
         take = np.asarray(order[:B], np.int64)
         local, batch = self._batch(take)
         self._keep(np.asarray([i for i in range(len(self.groups)) if i not in set(take.tolist())], np.int64))
@@ -157,7 +159,7 @@ class PartialRollouts:
         info = {**scored, "reward_metrics": scored["rewards"].metrics, "rounds": 1,
                 "sample_s": time.perf_counter() - t0,
                 "gen_tokens": float(int(self.rows["lengths"].sum()) + int(local["lengths"].sum()) - before),
-                "partial": {"rollout/partial/restarted": float(restarted), "rollout/partial/in_flight": float(in_flight),
+                "partial": {"rollout/partial/held": float(waited), "rollout/partial/in_flight": float(in_flight),
                             "rollout/partial/decode_steps": float(steps)}}
         return local, dict(local), info
 

@@ -32,10 +32,20 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_rows, decode_step, init_cache, prefill
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
+
+
+def resumes(lengths, done, slots: int) -> bool:
+    """Whether a round on rows with these `lengths`, `done` (R,) (host arrays) resumes rows holding two
+    tokens or more; refuses more such rows than `slots` (they must all hold a slot at the round's start)."""
+    holding = int(np.sum((lengths >= 2) & ~done))
+    if holding > slots:
+        raise ValueError(f"{holding} rows in flight hold tokens, more than the {slots} slots")
+    return bool(np.any(lengths >= 2))
 
 
 def keyed_uniforms(keys, rows, steps):
@@ -153,19 +163,17 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
 
 def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: int, need: int, *, max_new_tokens,
               num_samples, slots, eos_ids, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
-              min_p=0.0, hold=None) -> dict:
+              min_p=0.0, hold=None, resume=None) -> dict:
     """`round_program` on a table of rows (host or device arrays: stream, tokens, logprobs, versions,
     lengths, done; MoE with `routes` (L,R,T,k): recorded) and `hold` (Q,) bool (None: none held); returns
-    the table after the round, with `finish` and `iterations`. Refuses a table that does not fit the slots'
-    rule (more rows holding two tokens or more than slots)."""
-    lengths = jnp.asarray(table["lengths"])
-    resume = bool(jnp.any(lengths >= 2))
-    if int(jnp.sum((lengths >= 2) & ~jnp.asarray(table["done"]))) > slots:
-        raise ValueError(f"{int(jnp.sum(lengths >= 2))} rows in flight hold tokens, more than the {slots} slots")
+    the table after the round, with `finish` and `iterations`. `resume` (static): whether any row holds two
+    tokens or more; None: read from the table (host arrays), which `resumes` checks."""
+    if resume is None:
+        resume = resumes(np.asarray(table["lengths"]), np.asarray(table["done"]), slots)
     out = round_program(config, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_mask, jnp.int32),
                         jnp.asarray(keys, jnp.uint32), jnp.asarray(table["stream"], jnp.int32),
                         jnp.asarray(table["tokens"], jnp.int32), jnp.asarray(table["logprobs"], jnp.float32),
-                        jnp.asarray(table["versions"], jnp.int32), lengths.astype(jnp.int32),
+                        jnp.asarray(table["versions"], jnp.int32), jnp.asarray(table["lengths"], jnp.int32),
                         jnp.asarray(table["done"], bool), jnp.int32(version), jnp.int32(need),
                         jnp.zeros(len(prompts), bool) if hold is None else jnp.asarray(hold, bool),
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
@@ -179,7 +187,6 @@ def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: 
 
 def empty_rows(rows: int, max_new_tokens: int, pad_id: int) -> dict:
     """A table of `rows` rows not started (NumPy), stream 0..rows-1."""
-    import numpy as np
     return {"stream": np.arange(rows, dtype=np.int32), "tokens": np.full((rows, max_new_tokens), pad_id, np.int32),
             "logprobs": np.zeros((rows, 2, max_new_tokens), np.float32),
             "versions": np.zeros((rows, max_new_tokens), np.int32), "lengths": np.zeros(rows, np.int32),

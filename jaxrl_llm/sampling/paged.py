@@ -33,10 +33,11 @@ import jax.numpy as jnp
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models import paged
 from jaxrl_llm.models.layout import constrain
-from jaxrl_llm.models.lm import decode_logits, decode_layer_weights, decode_step, decode_unrolled, prefill
-from jaxrl_llm.models.moe import NO_ROUTE, unrecorded_routes
+from jaxrl_llm.models.lm import decode_logits, decode_layer_weights, decode_step, decode_unrolled
+from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling.batch import Rollout
-from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
+from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms
+from jaxrl_llm.sampling.slots import prefill_and_first
 
 
 def pages_needed(prompt_length: int, max_new_tokens: int, num_prompts: int, shards: int, page_size: int) -> int:
@@ -113,21 +114,10 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
     # 1. prefill once per prompt; the first token of every row (as `slots`).
     moe = config.num_experts > 0
-    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
-                                                return_routes=moe)
-    prompt_len = jnp.sum(prompt_mask, axis=-1)
-    last_logits = decode_logits(config, params, hidden[:, -1])
-    rows = jnp.arange(n, dtype=jnp.int32)
-    seen0 = seen_tokens(prompts, prompt_mask, config.vocab_size) if penalize else None  # (B,V)
-    seen = jnp.repeat(seen0, g, axis=0) if penalize else None
     offset = 0 if row_block is None else row_block[0]
-    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows + offset, 0 * rows),
-                              seen=seen)
-    seen = None if seen is None else mark(seen, rows, first)
-    tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
-    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
-    mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
-    routes = unrecorded_routes(config, n, t_max) if moe else None
+    prefix_kv, prompt_routes, prompt_len, first, seen0, seen, tokens, logprobs, mask, routes = prefill_and_first(
+        config, params, prompts, prompt_mask, rng, draw, num_samples=g, max_new_tokens=t_max, pad_id=pad_id,
+        penalize=penalize, offset=offset)
 
     # The pools: each prompt's keys/values in its shard's pages b*Pp..b*Pp+Pp-1, the rest free, page M spare.
     def pool_of(x, keys: bool):  # (L,B,P,Hkv,hd) -> (L,R,M+1,Hkv,hd,Z) keys / (L,R,M+1,Hkv,Z,hd) values
@@ -262,5 +252,5 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     return Rollout(tokens=tokens, logprobs=state["logprobs"][:, 0], behavior_logprobs=state["logprobs"][:, 1],
                    mask=mask, lengths=jnp.sum(mask, axis=-1), truncated=~ended,
                    prompt_tokens=jnp.repeat(prompts, g, axis=0), prompt_mask=jnp.repeat(prompt_mask, g, axis=0),
-                   routes=state["routes"], prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None,
+                   routes=state["routes"], prompt_routes=jnp.repeat(prompt_routes, g, axis=1) if moe else None,
                    page_stats=jnp.stack([state["restarts"], state["peak"]]))

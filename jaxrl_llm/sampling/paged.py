@@ -125,6 +125,13 @@ def _push(free, count, ids, keep):
     return free.at[at].set(ids, mode="drop"), count + jnp.sum(keep, dtype=jnp.int32)
 
 
+def _release(free, count, own, start, stop):
+    """One shard's free list (M,), count () with each slot's completion pages start..stop-1 pushed.
+    own (s,Wg) the slots' completion pages; start, stop (s,) int32."""
+    j = jnp.arange(own.shape[-1])
+    return _push(free, count, own.reshape(-1), ((j >= start[:, None]) & (j < stop[:, None])).reshape(-1))
+
+
 def _grant(row, t, held, free, count, page_size, idle):
     """One shard: which slots take a page this step (their next key starts one) and which step at all.
     row, t, held (s,) int32; free (M,), count () the free list. Rows that entered first are served first.
@@ -214,11 +221,9 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     def body(st):
         row, t, held, gone, table = st["row"], st["t"], st["held"], st["gone"], st["table"]
         free, count = st["free"], st["count"]
-        own = table[..., pp:]  # (R,s,Wg) each slot's completion pages
         if window is not None:  # pages no later query of the row reads go back before this step's grants
             passed = jnp.where(row < nl, jnp.minimum(passed_pages(t, window, z), held), gone)
-            back = (jnp.arange(wg) >= gone[..., None]) & (jnp.arange(wg) < passed[..., None])
-            free, count = jax.vmap(_push)(free, count, own.reshape(r, -1), back.reshape(r, -1))
+            free, count = jax.vmap(_release)(free, count, table[..., pp:], gone, passed)
             gone = passed
         page, steps, count = jax.vmap(functools.partial(_grant, page_size=z, idle=nl))(row, t, held, free, count)
         after_grant = count
@@ -279,9 +284,7 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
         # Pages back: those of ended and restarted rows; a prompt's when its last row ends.
         done = finished | restart
-        own = table[..., pp:]  # (R,s,Wg) with this step's grant
-        back = done[..., None] & (jnp.arange(wg) >= gone[..., None]) & (jnp.arange(wg) < held[..., None])
-        free, count = jax.vmap(_push)(free, count, own.reshape(r, -1), back.reshape(r, -1))
+        free, count = jax.vmap(_release)(free, count, table[..., pp:], gone, jnp.where(done, held, gone))
         local_prompt = jnp.minimum(row, nl - 1) // g
         left = st["left"] - jax.vmap(lambda lp, f: jnp.zeros((bl,), jnp.int32).at[lp].add(f.astype(jnp.int32)))(
             local_prompt, finished)

@@ -12,7 +12,8 @@ A slot's logical keys are W = Pp + Wg pages (`View.table`): its prompt's Pp page
 the prompt, never copied) then its own completion's pages, taken as it grows. Key j of page w is logical
 key w*Z + j; the sampler gives every logical key its coordinate in [left-padded prompt ; completion] --
 prompt key p at p, completion token i at P + i -- and whether the slot may see it, so that masks and
-sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; it frees no page).
+sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; the sampler frees
+their pages only when every layer is windowed, and a freed page's logical keys are always masked).
 
 XLA path: each slot's pages are gathered a block at a time (one layer at a time) and attended with an
 online float32 softmax, block after block, only as far as the longest row in flight; the gathered block

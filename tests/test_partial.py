@@ -141,3 +141,12 @@ def test_moe_partial_rounds_replay_each_tokens_recorded_experts(tmp_path):
     rows = tr.partial.rows
     fed = (np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None] - 1)  # every token but the last
     assert (rows["routes"][fed] >= 0).all() and (rows["routes"][~fed] < 0).all()
+
+
+def test_a_rollout_mesh_on_several_processes_is_refused(monkeypatch):
+    """Each host's rollout mesh samples alone (no collective in its thread): a round, which gathers every
+    host's rows, cannot run there."""
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match="config.mesh.rollout_devices must be 0 with rollout.partial on several"):
+        PartialRollouts(partial_config(**{"mesh.rollout_devices": 1}), None)
+

@@ -14,9 +14,11 @@ key w*Z + j; the sampler gives every logical key its coordinate in [left-padded 
 prompt key p at p, completion token i at P + i -- and whether the slot may see it, so that masks and
 sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; it frees no page).
 
-XLA path: each slot's pages are gathered a block at a time (one layer at a time) and attended with an
-online float32 softmax, block after block, only as far as the longest row in flight; the gathered block
-is a transient, what stays allocated between steps is the pool.
+XLA path (`attend`): each slot's pages are gathered a block at a time (one layer at a time) and attended
+with an online float32 softmax, block after block, only as far as the longest row in flight; the gathered
+block is a transient, what stays allocated between steps is the pool. Pallas path (models/paged_kernel.py,
+TPU): the same attention by a kernel that reads each slot's pages through the page table itself and stops
+at the slot's own length. `attention_impl` chooses between them, `attend_with` runs the chosen one.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from jaxrl_llm.models.kernels import soft_cap
 
 
 BLOCK_PAGES = 8  # logical pages one step of `attend`'s loop reads
+PAGED_IMPLS = ("xla", "pallas", "pallas_interpret")  # the last: the kernel in Pallas' interpreter (CPU tests)
 
 
 class Pool(NamedTuple):
@@ -89,6 +92,34 @@ def gather(pool: Pool, table, layer=None):
     return keys, values
 
 
+def visible_keys(view: View, window=None):
+    """(S, W*Z) bool: the keys each slot attends to -- seen, and within the window by positions."""
+    visible = view.key_seen
+    if window is not None:
+        visible = visible & (view.query_pos[:, None] - view.key_pos < window)
+    return visible
+
+
+def attention_impl(name: str, backend: str, devices: int = 1) -> str:
+    """The paged attention a decode step runs for `model.attention = name` on `backend` over `devices`
+    chips of the active mesh: 'pallas' (models/paged_kernel.py) where the other passes take a TPU kernel
+    (auto or splash on a TPU), else 'xla' (`attend`): on CPU, on a GPU (the kernel has no Triton form and
+    cuDNN no paged one), for xla and blockwise, and on a mesh of several chips, where the kernel, which
+    XLA cannot partition, would take the whole pool to every chip (it is not wrapped in shard_map)."""
+    return "pallas" if backend == "tpu" and name in ("auto", "splash") and devices <= 1 else "xla"
+
+
+def attend_with(impl: str, q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None):
+    """`attend` by the implementation `impl` (one of PAGED_IMPLS; `attention_impl` chooses); the same
+    arguments and result."""
+    if impl == "xla":
+        return attend(q, pool, view, layer, scale, softcap, window)
+    if impl not in PAGED_IMPLS:
+        raise ValueError(f"paged attention {impl!r}: expected one of {', '.join(PAGED_IMPLS)}")
+    from jaxrl_llm.models.paged_kernel import paged_attend  # Pallas TPU kernel: imported where it runs
+    return paged_attend(q, pool, view, layer, scale, softcap, window, interpret=impl == "pallas_interpret")
+
+
 def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,
            block_pages: int = BLOCK_PAGES):
     """Attention of one new token per slot over its pages. q (S,Hkv,Rq,hd) (Rq query heads per KV head);
@@ -104,10 +135,7 @@ def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, wind
     pad = -(-w // bp) * bp - w
     spare = pool.k.shape[-4] - 1  # page M: never read as a key (masked here)
     table = jnp.pad(view.table, ((0, 0), (0, pad)), constant_values=spare)
-    visible = view.key_seen
-    if window is not None:
-        visible = visible & (view.query_pos[:, None] - view.key_pos < window)
-    visible = jnp.pad(visible, ((0, 0), (0, pad * z)))
+    visible = jnp.pad(visible_keys(view, window), ((0, 0), (0, pad * z)))
     blocks = jnp.clip(-(-view.pages_in_use // bp), 1, table.shape[1] // bp)
 
     def block(b, carry):

@@ -45,13 +45,13 @@ def _case(rng, r=2, s=3, kvh=2, rq=2, hd=8, z=4, m=9, w=5, layers=None, waiting=
     return q, pool, view, steps
 
 
-CASES = {
-    "ragged": dict(),
-    "waiting_slots": dict(waiting=2),
-    "gqa": dict(kvh=2, rq=4, hd=16),
-    "window": dict(window=6),
+CASES = {  # block_pages: the kernel's pages per grid step (W = 5 or 4 pages: blocks of 1, 2, 3 and all)
+    "ragged": dict(block_pages=2),
+    "waiting_slots": dict(waiting=2, block_pages=1),
+    "gqa": dict(kvh=2, rq=4, hd=16, block_pages=3),
+    "window": dict(window=6, block_pages=2),
     "softcap": dict(softcap=1.5, scale=0.7),
-    "window_softcap_one_shard": dict(r=1, s=5, z=8, w=4, window=11, softcap=2.0),
+    "window_softcap_one_shard": dict(r=1, s=5, z=8, w=4, window=11, softcap=2.0, block_pages=3),
 }
 
 
@@ -59,11 +59,13 @@ CASES = {
 def test_kernel_equals_the_xla_path(name):
     kw = dict(CASES[name])
     window, softcap, scale = kw.pop("window", None), kw.pop("softcap", None), kw.pop("scale", None)
+    bp = kw.pop("block_pages", paged.BLOCK_PAGES)
     q, pool, view, steps = _case(np.random.default_rng(sorted(CASES).index(name)), **kw)
     window = None if window is None else jnp.int32(window)
     want = paged.attend(q, pool, view, scale=scale, softcap=softcap, window=window)
     got = jax.jit(lambda q, pool, view, window: paged_attend(q, pool, view, scale=scale, softcap=softcap,
-                                                             window=window, interpret=True))(q, pool, view, window)
+                                                             window=window, block_pages=bp, interpret=True))(
+        q, pool, view, window)
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(got)))
     np.testing.assert_allclose(np.asarray(got)[steps], np.asarray(want)[steps], atol=1e-5, rtol=1e-5)

@@ -2,15 +2,16 @@
 per slot over the pages of its row; layout and masks there), with the page table read by the kernel itself
 instead of gathered by XLA.
 
-Grid (S, Hkv, W): slot x KV head x logical page, one page (Z keys) per step. The page table, the layer index
-and each slot's page count are scalar-prefetched (`pltpu.PrefetchScalarGridSpec`): the key and value
-BlockSpecs' index maps look the pool page up in the table, so the pipeline copies exactly the slot's pages
-from HBM, in logical order, and never the pages of other slots. All Rq query heads of a KV head are one
+Grid (S, Hkv, ceil(W/bp)): slot x KV head x block of bp logical pages (`BLOCK_PAGES`, as the XLA path's
+loop). The page table, the layer index and each slot's page count are scalar-prefetched
+(`pltpu.PrefetchScalarGridSpec`); the pool is given bp times, key and value operand j's BlockSpec index map
+looking page b*bp + j of the slot up in the table, so that the pipeline copies exactly the slot's pages
+from HBM, a block at a time, and never another slot's. All Rq query heads of a KV head are one
 (Rq, hd) @ (hd, Z) product per page, the keys being stored (hd, Z) for that. The softmax is online: running
-max, sum and output in float32 VMEM scratch, across the page axis (the innermost, "arbitrary").
+max, sum and output in float32 VMEM scratch, page after page (the block axis innermost, "arbitrary").
 
-A slot's own page count (through its last visible key) stops its work: past it the index maps repeat the
-last page (the pipeline skips a copy whose block index did not change) and the body is skipped, so a step
+A slot's own page count (through its last visible key) stops its work: past it the index maps repeat its
+last page (the pipeline skips a copy whose block index did not change) and the page's update is skipped, so a step
 costs each slot's own length, not the longest row's (the XLA path reads as far as the longest row in flight).
 
 Masks as in the XLA path: `key_seen`, the sliding window by positions (query_pos - key_pos < window), the
@@ -32,7 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.kernels import soft_cap
-from jaxrl_llm.models.paged import visible_keys
+from jaxrl_llm.models.paged import BLOCK_PAGES, visible_keys
 
 
 def page_counts(visible, page_size: int):
@@ -43,77 +44,93 @@ def page_counts(visible, page_size: int):
     return jnp.maximum(last, 1).astype(jnp.int32)
 
 
-def _kernel(layer_ref, table_ref, count_ref, q_ref, k_ref, v_ref, vis_ref, o_ref, top_ref, total_ref, acc_ref,
-            *, scale: float, softcap):
-    """One (slot, KV head, page) step. q_ref (Rq,hd); k_ref (hd,Z); v_ref (Z,hd); vis_ref (1,Z) int32;
-    o_ref (Rq,hd) float32, written at the last page step; scratch top, total (Rq,1), acc (Rq,hd) float32."""
-    del layer_ref, table_ref  # read by the index maps
-    page = pl.program_id(2)
+def _online_page(q_ref, k_ref, v_ref, vis_ref, top_ref, total_ref, acc_ref, scale: float, softcap):
+    """One page into the running softmax: q_ref (Rq,hd); k_ref (hd,Z); v_ref (Z,hd); vis_ref (1,Z) int32;
+    scratch top, total (Rq,1), acc (Rq,hd) float32."""
+    v = v_ref[...]
+    s = jnp.dot(q_ref[...], k_ref[...], preferred_element_type=jnp.float32) * scale  # (Rq,Z)
+    s = jnp.where(vis_ref[...] != 0, soft_cap(s, softcap), MASKED_SCORE)
+    top = top_ref[...]
+    new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
+    shrink = jnp.exp(top - new_top)
+    e = jnp.exp(s - new_top)
+    total_ref[...] = total_ref[...] * shrink + jnp.sum(e, axis=-1, keepdims=True)
+    acc_ref[...] = acc_ref[...] * shrink + jnp.dot(e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    top_ref[...] = new_top
 
-    @pl.when(page == 0)
+
+def _kernel(layer_ref, table_ref, count_ref, q_ref, *refs, block_pages: int, scale: float, softcap):
+    """One (slot, KV head, block of pages) step: refs are the block's `block_pages` key, value and
+    visibility blocks (`_online_page`), then o_ref (Rq,hd) float32 (written at the last block) and the
+    scratch top, total, acc."""
+    del layer_ref, table_ref  # read by the index maps
+    bp = block_pages
+    ks, vs, vis, (o_ref, top_ref, total_ref, acc_ref) = refs[:bp], refs[bp:2 * bp], refs[2 * bp:3 * bp], refs[3 * bp:]
+    block = pl.program_id(2)
+
+    @pl.when(block == 0)
     def _():
         top_ref[...] = jnp.full(top_ref.shape, MASKED_SCORE, jnp.float32)
         total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    @pl.when(page < count_ref[pl.program_id(0)])
-    def _():
-        v = v_ref[...]
-        s = jnp.dot(q_ref[...], k_ref[...], preferred_element_type=jnp.float32) * scale  # (Rq,Z)
-        s = jnp.where(vis_ref[...] != 0, soft_cap(s, softcap), MASKED_SCORE)
-        top = top_ref[...]
-        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
-        shrink = jnp.exp(top - new_top)
-        e = jnp.exp(s - new_top)
-        total_ref[...] = total_ref[...] * shrink + jnp.sum(e, axis=-1, keepdims=True)
-        acc_ref[...] = acc_ref[...] * shrink + jnp.dot(e.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        top_ref[...] = new_top
+    count = count_ref[pl.program_id(0)]
+    for j in range(bp):  # static: one page at a time, in logical order, while the slot has pages
+        pl.when(block * bp + j < count)(
+            functools.partial(_online_page, q_ref, ks[j], vs[j], vis[j], top_ref, total_ref, acc_ref, scale, softcap))
 
-    @pl.when(page == pl.num_programs(2) - 1)
+    @pl.when(block == pl.num_programs(2) - 1)
     def _():
         o_ref[...] = acc_ref[...] / total_ref[...]
 
 
-def paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=None, *, interpret: bool = False):
+def paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=None, *,
+                 block_pages: int = BLOCK_PAGES, interpret: bool = False):
     """`paged.attend` by the kernel: q (S,Hkv,Rq,hd); pool k (R,M+1,Hkv,hd,Z), v (R,M+1,Hkv,Z,hd) or stacked
     with a leading L axis and `layer` an int32 scalar (traced in the scanned step); view a `paged.View`
-    (`pages_in_use` unused: each slot stops at its own count). Returns (S,Hkv,Rq,hd) float32."""
+    (`pages_in_use` unused: each slot stops at its own count); `block_pages` logical pages per grid step.
+    Returns (S,Hkv,Rq,hd) float32."""
     n, kvh, rq, hd = q.shape
     pk, pv = pool.k, pool.v
     if pk.ndim == 5:  # one layer: a unit layer axis (a reshape, no copy)
         pk, pv, layer = pk[None], pv[None], 0
     shards, z, w = pk.shape[1], pk.shape[-1], view.table.shape[1]
     per_shard = n // shards
+    bp = min(block_pages, w)
+    blocks = -(-w // bp)
     scale = hd ** -0.5 if scale is None else scale
     visible = visible_keys(view, window)
     counts = page_counts(visible, z)
     vis = visible.astype(jnp.int32).reshape(n, w, 1, z)  # (1,Z) blocks: TPU tiles want the last two dims whole
 
-    def page_of(i, p, table, count):  # past its count, a slot repeats its last page: no new copy
-        return table[i * w + jnp.minimum(p, count[i] - 1)]
+    def logical(i, b, j, count):  # past its count a slot repeats its last page: the pipeline copies nothing new
+        return jnp.minimum(b * bp + j, count[i] - 1)
 
-    def kv_map(i, h, p, layer_ref, table, count):
-        return layer_ref[0], i // per_shard, page_of(i, p, table, count), h, 0, 0
+    def kv_spec(shape, j):
+        return pl.BlockSpec((None, None, None, None, *shape), lambda i, h, b, layer_ref, table, count: (
+            layer_ref[0], i // per_shard, table[i * w + logical(i, b, j, count)], h, 0, 0))
+
+    def vis_spec(j):
+        return pl.BlockSpec((None, None, 1, z), lambda i, h, b, _, t, count: (i, logical(i, b, j, count), 0, 0))
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
-        grid=(n, kvh, w),
-        in_specs=[
-            pl.BlockSpec((None, None, rq, hd), lambda i, h, p, *_: (i, h, 0, 0)),
-            pl.BlockSpec((None, None, None, None, hd, z), kv_map),
-            pl.BlockSpec((None, None, None, None, z, hd), kv_map),
-            pl.BlockSpec((None, None, 1, z), lambda i, h, p, _, t, count: (i, jnp.minimum(p, count[i] - 1), 0, 0)),
-        ],
-        out_specs=pl.BlockSpec((None, None, rq, hd), lambda i, h, p, *_: (i, h, 0, 0)),
+        grid=(n, kvh, blocks),
+        in_specs=[pl.BlockSpec((None, None, rq, hd), lambda i, h, b, *_: (i, h, 0, 0)),
+                  *(kv_spec((hd, z), j) for j in range(bp)), *(kv_spec((z, hd), j) for j in range(bp)),
+                  *(vis_spec(j) for j in range(bp))],
+        out_specs=pl.BlockSpec((None, None, rq, hd), lambda i, h, b, *_: (i, h, 0, 0)),
         scratch_shapes=[pltpu.VMEM((rq, 1), jnp.float32), pltpu.VMEM((rq, 1), jnp.float32),
                         pltpu.VMEM((rq, hd), jnp.float32)],
     )
     call = pl.pallas_call(
-        functools.partial(_kernel, scale=float(scale), softcap=None if softcap is None else float(softcap)),
+        functools.partial(_kernel, block_pages=bp, scale=float(scale),
+                          softcap=None if softcap is None else float(softcap)),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((n, kvh, rq, hd), jnp.float32),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
     )
     layer_arr = jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
-    return call(layer_arr, view.table.reshape(-1).astype(jnp.int32), counts, q, pk, pv, vis)
+    return call(layer_arr, view.table.reshape(-1).astype(jnp.int32), counts, q, *(pk,) * bp, *(pv,) * bp,
+                *(vis,) * bp)

@@ -2,8 +2,14 @@
 the XLA path (models/paged.py `attend`, itself held to a float64 softmax by tests/test_sampling_paged.py):
 float32 outputs to 1e-5 for ragged page counts, slots that do not step, GQA, a sliding window, a soft cap
 and the stacked pool of the scanned step with a traced layer index; the choice of implementation per
-backend; and the paged sampler with the kernel forced on, against the same sampler on the XLA path.
+backend; the kernel in shard_map on meshes of 4 fake devices (tests/paged_kernel_worker.py); and the paged
+sampler with the kernel forced on, against the same sampler on the XLA path.
 """
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +19,8 @@ from jaxrl_llm.models import paged
 from jaxrl_llm.models.paged_kernel import page_counts, paged_attend
 from jaxrl_llm.sampling import generate, pages_needed
 from test_sampling_paged import EOS, MODELS, PAD, S, T, G, _assert_same, _model, prompts  # noqa: F401 (fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _case(rng, r=2, s=3, kvh=2, rq=2, hd=8, z=4, m=9, w=5, layers=None, waiting=0):
@@ -90,7 +98,6 @@ def test_page_counts_follow_each_slot():
 
 def test_the_kernel_is_chosen_where_the_passes_take_a_tpu_kernel():
     assert paged.attention_impl("auto", "tpu") == paged.attention_impl("splash", "tpu") == "pallas"
-    assert paged.attention_impl("auto", "tpu", devices=4) == "xla"  # not partitioned: the XLA path on a mesh
     for name, backend in (("auto", "cpu"), ("auto", "gpu"), ("cudnn", "gpu"), ("xla", "tpu"), ("blockwise", "tpu")):
         assert paged.attention_impl(name, backend) == "xla", (name, backend)
     with pytest.raises(ValueError, match="expected one of xla, pallas, pallas_interpret"):
@@ -116,3 +123,17 @@ def test_sampler_with_the_kernel_equals_the_xla_path(name, scanned, prompts, mon
     got = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
     _assert_same(want, got)
     assert int(np.asarray(got.page_stats)[0]) > 0  # rows restarted: slots waited
+
+
+def test_kernel_on_a_mesh_equals_the_xla_path():
+    """The kernel in shard_map over row shards (data x fsdp) and over KV heads (tensor): each chip's slots
+    read only its own pools, and the result is the XLA path's."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from xla_flags import with_flags
+    env["XLA_FLAGS"] = with_flags("--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "paged_kernel_worker.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diffs = json.loads(proc.stdout.strip().splitlines()[-1])["kernel_max_diff"]
+    assert len(diffs) == 4 and max(diffs.values()) <= 1e-5, diffs

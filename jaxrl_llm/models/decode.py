@@ -163,7 +163,7 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     if isinstance(cache, paged.Pool):  # the paged cache (sampling/paged.py): `index` is its paged.View
         cache = paged.write(cache, k.reshape(n, kvh, hd), v.reshape(n, kvh, hd), index, layer)
-        impl = paged.attention_impl(c.attention, jax.default_backend(), jax.sharding.get_abstract_mesh().size)
+        impl = paged.attention_impl(c.attention, jax.default_backend())
         a = paged.attend_with(impl, q.reshape(n, kvh, h // kvh, hd), cache, index, layer, c.attn_scale,
                               c.attn_softcap, layer_window(c, sliding))
     else:

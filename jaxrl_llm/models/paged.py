@@ -100,13 +100,12 @@ def visible_keys(view: View, window=None):
     return visible
 
 
-def attention_impl(name: str, backend: str, devices: int = 1) -> str:
-    """The paged attention a decode step runs for `model.attention = name` on `backend` over `devices`
-    chips of the active mesh: 'pallas' (models/paged_kernel.py) where the other passes take a TPU kernel
-    (auto or splash on a TPU), else 'xla' (`attend`): on CPU, on a GPU (the kernel has no Triton form and
-    cuDNN no paged one), for xla and blockwise, and on a mesh of several chips, where the kernel, which
-    XLA cannot partition, would take the whole pool to every chip (it is not wrapped in shard_map)."""
-    return "pallas" if backend == "tpu" and name in ("auto", "splash") and devices <= 1 else "xla"
+def attention_impl(name: str, backend: str) -> str:
+    """The paged attention a decode step runs for `model.attention = name` on `backend`: 'pallas'
+    (models/paged_kernel.py) where the other passes take a TPU kernel (auto or splash on a TPU), else
+    'xla' (`attend`): on CPU, on a GPU (the kernel has no Triton form, cuDNN no paged one), and for xla
+    and blockwise."""
+    return "pallas" if backend == "tpu" and name in ("auto", "splash") else "xla"
 
 
 def attend_with(impl: str, q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None):
@@ -116,8 +115,8 @@ def attend_with(impl: str, q, pool: Pool, view: View, layer=None, scale=None, so
         return attend(q, pool, view, layer, scale, softcap, window)
     if impl not in PAGED_IMPLS:
         raise ValueError(f"paged attention {impl!r}: expected one of {', '.join(PAGED_IMPLS)}")
-    from jaxrl_llm.models.paged_kernel import paged_attend  # Pallas TPU kernel: imported where it runs
-    return paged_attend(q, pool, view, layer, scale, softcap, window, interpret=impl == "pallas_interpret")
+    from jaxrl_llm.models.paged_kernel import mesh_paged_attend  # Pallas TPU kernel: imported where it runs
+    return mesh_paged_attend(q, pool, view, layer, scale, softcap, window, interpret=impl == "pallas_interpret")
 
 
 def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,

@@ -25,15 +25,18 @@ has no scalar prefetch, and Rq query heads below 16 rows fit none of its dot sha
 from __future__ import annotations
 
 import functools
+import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as Spec
 
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.kernels import soft_cap
-from jaxrl_llm.models.paged import BLOCK_PAGES, visible_keys
+from jaxrl_llm.models.paged import BLOCK_PAGES, View, visible_keys
 
 
 def page_counts(visible, page_size: int):
@@ -134,3 +137,34 @@ def paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=Non
     layer_arr = jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
     return call(layer_arr, view.table.reshape(-1).astype(jnp.int32), counts, q, *(pk,) * bp, *(pv,) * bp,
                 *(vis,) * bp)
+
+
+def _rule(name: str) -> tuple:
+    """The mesh axes (maybe none) the logical axis `name` maps to under the active rules."""
+    axes = dict(nn.get_logical_axis_rules()).get(name)
+    return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+def mesh_paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=None, **kw):
+    """`paged_attend` on the active mesh, in shard_map: XLA cannot partition a Pallas call, and left to
+    itself would bring the whole pool to every chip. Slots and the pool's row shards go over the mesh
+    axes of the logical `batch` (when they divide both: each chip's slots then read only its own pools,
+    as in the sampler's layout), KV heads over those of `act_heads` (when they divide them), the rest
+    replicated. Outside a mesh (or on one chip), `paged_attend` itself. Arguments and result as there."""
+    mesh = jax.sharding.get_abstract_mesh()
+    run = functools.partial(paged_attend, scale=scale, softcap=softcap, **kw)
+    if mesh.empty or mesh.size == 1:
+        return run(q, pool, view, layer, window=window)
+    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
+    rows, heads = _rule("batch"), _rule("act_heads")
+    rows = rows if q.shape[0] % size(rows) == 0 and pool.k.shape[-5] % size(rows) == 0 else ()
+    heads = heads if q.shape[1] % size(heads) == 0 else ()
+    rows, heads = rows or None, heads or None
+    lead = (None,) * (pool.k.ndim - 5)  # the stacked pool's layer axis
+    slot = Spec(rows)
+    specs = (Spec(rows, heads), type(pool)(*(Spec(*lead, rows, None, heads),) * 2),
+             View(*(slot,) * 6, Spec()), Spec(), Spec())
+    body = lambda q, pool, view, layer, window: run(q, pool, view, layer, window=window)
+    # the optional scalars travel as arguments (None is an empty tree: no spec needed)
+    return jax.shard_map(body, in_specs=specs, out_specs=Spec(rows, heads), check_vma=False)(
+        q, pool, view, layer, window)

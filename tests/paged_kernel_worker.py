@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxrl_llm import sharding
 from jaxrl_llm.models import paged
+from jaxrl_llm.models.decode import paged_attention
 from jaxrl_llm.sampling import generate, page_shards, pages_needed
 from test_paged_kernel import _case
 from test_sampling_paged import EOS, PAD, _model
@@ -21,7 +22,7 @@ def kernel_diff(mesh, shards: int, layers) -> float:
     q, pool, view, _ = _case(np.random.default_rng(shards), r=shards, s=8 // shards, kvh=2, rq=2, layers=layers,
                              waiting=1)
     layer = None if layers is None else jnp.int32(1)
-    call = lambda impl: jax.jit(lambda q, pool, view: paged.attend_with(impl, q, pool, view, layer, 0.5, 2.0,
+    call = lambda impl: jax.jit(lambda q, pool, view: paged_attention(impl, q, pool, view, layer, 0.5, 2.0,
                                                                         jnp.int32(9)))(q, pool, view)
     want = call("xla")
     with sharding.use_mesh(mesh):

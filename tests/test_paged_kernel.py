@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.models import paged
+from jaxrl_llm.models.decode import paged_attention
 from jaxrl_llm.models.paged_kernel import page_counts, paged_attend
 from jaxrl_llm.sampling import generate, pages_needed
 from test_sampling_paged import EOS, MODELS, PAD, S, T, G, _assert_same, _model, prompts  # noqa: F401 (fixture)
@@ -83,7 +84,7 @@ def test_kernel_equals_the_xla_path(name):
 
 def test_stacked_pool_with_a_traced_layer_index():
     q, pool, view, _ = _case(np.random.default_rng(7), layers=3)
-    run = jax.jit(lambda layer: paged.attend_with("pallas_interpret", q, pool, view, layer, 0.5, 2.5, jnp.int32(9)))
+    run = jax.jit(lambda layer: paged_attention("pallas_interpret", q, pool, view, layer, 0.5, 2.5, jnp.int32(9)))
     for layer in (0, 2):
         want = paged.attend(q, pool, view, jnp.int32(layer), 0.5, 2.5, jnp.int32(9))
         np.testing.assert_allclose(np.asarray(run(jnp.int32(layer))), np.asarray(want), atol=1e-5, rtol=1e-5)
@@ -101,7 +102,7 @@ def test_the_kernel_is_chosen_where_the_passes_take_a_tpu_kernel():
     for name, backend in (("auto", "cpu"), ("auto", "gpu"), ("cudnn", "gpu"), ("xla", "tpu"), ("blockwise", "tpu")):
         assert paged.attention_impl(name, backend) == "xla", (name, backend)
     with pytest.raises(ValueError, match="expected one of xla, pallas, pallas_interpret"):
-        paged.attend_with("triton", *_case(np.random.default_rng(0))[:3])
+        paged_attention("triton", *_case(np.random.default_rng(0))[:3])
 
 
 @pytest.mark.parametrize("name,scanned", [("dense", False), ("window_softcap", True)])

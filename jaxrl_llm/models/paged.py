@@ -18,7 +18,8 @@ XLA path (`attend`): each slot's pages are gathered a block at a time (one layer
 with an online float32 softmax, block after block, only as far as the longest row in flight; the gathered
 block is a transient, what stays allocated between steps is the pool. Pallas path (models/paged_kernel.py,
 TPU): the same attention by a kernel that reads each slot's pages through the page table itself and stops
-at the slot's own length. `attention_impl` chooses between them, `attend_with` runs the chosen one.
+at the slot's own length. `attention_impl` chooses between them (models/decode.py `paged_attention` runs
+the chosen one).
 """
 from __future__ import annotations
 
@@ -106,17 +107,6 @@ def attention_impl(name: str, backend: str) -> str:
     'xla' (`attend`): on CPU, on a GPU (the kernel has no Triton form, cuDNN no paged one), and for xla
     and blockwise."""
     return "pallas" if backend == "tpu" and name in ("auto", "splash") else "xla"
-
-
-def attend_with(impl: str, q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None):
-    """`attend` by the implementation `impl` (one of PAGED_IMPLS; `attention_impl` chooses); the same
-    arguments and result."""
-    if impl == "xla":
-        return attend(q, pool, view, layer, scale, softcap, window)
-    if impl not in PAGED_IMPLS:
-        raise ValueError(f"paged attention {impl!r}: expected one of {', '.join(PAGED_IMPLS)}")
-    from jaxrl_llm.models.paged_kernel import mesh_paged_attend  # Pallas TPU kernel: imported where it runs
-    return mesh_paged_attend(q, pool, view, layer, scale, softcap, window, interpret=impl == "pallas_interpret")
 
 
 def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,

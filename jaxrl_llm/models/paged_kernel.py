@@ -11,16 +11,23 @@ from HBM, a block at a time, and never another slot's. All Rq query heads of a K
 max, sum and output in float32 VMEM scratch, page after page (the block axis innermost, "arbitrary").
 
 A slot's own page count (through its last visible key) stops its work: past it the index maps repeat its
-last page (the pipeline skips a copy whose block index did not change) and the page's update is skipped, so a step
-costs each slot's own length, not the longest row's (the XLA path reads as far as the longest row in flight).
+last page (the pipeline skips a copy whose block index did not change) and the page's update is skipped,
+so a step costs each slot's own length, not the longest row's (the XLA path reads as far as the longest
+row in flight).
 
 Masks as in the XLA path: `key_seen`, the sliding window by positions (query_pos - key_pos < window), the
 soft cap on the scaled scores; masked scores are MASKED_SCORE, not -inf, so a page whose keys are all
 masked (a left-padded prompt's first page) leaves the running sums as the XLA path's do.
 
-TPU only, as a compiled kernel (`paged.attention_impl` chooses it, on one chip); `interpret=True` runs the same kernel
-in Pallas' interpreter (CPU tests; it has not been run on a TPU here). No GPU (Triton) formulation: Triton
-has no scalar prefetch, and Rq query heads below 16 rows fit none of its dot shapes.
+On a mesh the kernel runs in shard_map (`mesh_paged_attend`): XLA does not partition a Pallas call.
+
+TPU only (`paged.attention_impl` chooses it there); `interpret=True` runs the same kernel in Pallas'
+interpreter, which is all it has run on (CPU tests): it has not been compiled by Mosaic nor timed on a
+TPU. Every block spans the whole trailing two dims of its array, as Mosaic's block rule allows for any
+size; whether it lowers the small products of every shape (Rq = 7 query heads, pages of Z = 16 keys) is
+untried. The flattened table (S*W int32) sits in SMEM whole. No GPU form: Pallas' Triton backend has no
+scalar prefetch (the table would be read inside the kernel) and its dots want tiles of at least 16 rows,
+more than a KV head's query heads usually are (they would be padded); not written.
 """
 from __future__ import annotations
 

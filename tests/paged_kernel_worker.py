@@ -1,8 +1,9 @@
-"""tests/test_paged_kernel.py's mesh case, in its own process (4 fake CPU devices from XLA_FLAGS): the kernel
-(Pallas' interpreter) in shard_map on data 2 x fsdp 2 (four row shards, a chip each) and on data 2 x tensor 2
-(two row shards, the KV heads split) against the XLA path, one layer's pool and the stacked pool; with
---sampler also the paged sampler with the kernel forced on, on data 2 x fsdp 2, against the one-device XLA
-path (25 s more on the 2-core development machine: run by hand, not by the test). Prints one JSON line."""
+"""tests/test_paged_kernel.py's mesh case, in its own process (4 fake CPU devices from XLA_FLAGS): the TPU
+and Triton-form kernels (Pallas' interpreter) in shard_map on data 2 x fsdp 2 (four row shards, a chip
+each) and on data 2 x tensor 2 (two row shards, the KV heads split) against the XLA path, one layer's pool
+and the stacked pool; with --sampler also the paged sampler with the TPU kernel forced on, on data 2 x
+fsdp 2, against the one-device XLA path (25 s more on the 2-core development machine: run by hand, not by
+the test). Prints one JSON line."""
 import json
 import sys
 
@@ -18,7 +19,7 @@ from test_paged_kernel import _case
 from test_sampling_paged import EOS, PAD, _model
 
 
-def kernel_diff(mesh, shards: int, layers) -> float:
+def kernel_diff(mesh, shards: int, layers, kernel: str) -> float:
     q, pool, view, _ = _case(np.random.default_rng(shards), r=shards, s=8 // shards, kvh=2, rq=2, layers=layers,
                              waiting=1)
     layer = None if layers is None else jnp.int32(1)
@@ -26,7 +27,7 @@ def kernel_diff(mesh, shards: int, layers) -> float:
                                                                         jnp.int32(9)))(q, pool, view)
     want = call("xla")
     with sharding.use_mesh(mesh):
-        got = call("pallas_interpret")
+        got = call(f"{kernel}_interpret")
     return float(np.abs(np.asarray(got) - np.asarray(want)).max())
 
 
@@ -54,8 +55,9 @@ def sampler(mesh) -> dict:
 def main():
     assert jax.device_count() == 4, jax.devices()
     rows, heads = sharding.make_mesh(data=2, fsdp=2), sharding.make_mesh(data=2, tensor=2)
-    diffs = {f"{name}_{'stacked' if layers else 'layer'}": kernel_diff(mesh, shards, layers)
-             for name, mesh, shards in (("rows", rows, 4), ("heads", heads, 2)) for layers in (None, 3)}
+    diffs = {f"{kernel}_{name}_{'stacked' if layers else 'layer'}": kernel_diff(mesh, shards, layers, kernel)
+             for kernel in ("pallas", "triton") for name, mesh, shards in (("rows", rows, 4), ("heads", heads, 2))
+             for layers in (None, 3)}
     print(json.dumps({"kernel_max_diff": diffs, **(sampler(rows) if "--sampler" in sys.argv else {})}))
 
 

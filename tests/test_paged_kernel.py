@@ -1,10 +1,12 @@
-"""The Pallas paged-attention kernel (models/paged_kernel.py), run by Pallas' interpreter on CPU, against
-the XLA path (models/paged.py `attend`, itself held to a float64 softmax by tests/test_sampling_paged.py):
-float32 outputs to 1e-5 for ragged page counts, slots that do not step, GQA, a sliding window, a soft cap
-and the stacked pool of the scanned step with a traced layer index; the choice of implementation per
-backend; the kernel in shard_map on meshes of 4 fake devices (tests/paged_kernel_worker.py); and the paged
-sampler with the kernel forced on, against the same sampler on the XLA path.
+"""The Pallas paged-attention kernels (models/paged_kernel.py for TPU, models/paged_kernel_gpu.py in
+Triton's form), run by Pallas' interpreter on CPU, against the XLA path (models/paged.py `attend`, itself
+held to a float64 softmax by tests/test_sampling_paged.py): float32 outputs to 1e-5 for ragged page counts,
+slots that do not step, GQA, a sliding window, a soft cap and the stacked pool of the scanned step with a
+traced layer index; the choice of implementation per backend; the kernels in shard_map on meshes of 4
+fake devices (tests/paged_kernel_worker.py); and the paged sampler with a kernel forced on, against the
+same sampler on the XLA path.
 """
+import functools
 import json
 import os
 import subprocess
@@ -17,7 +19,9 @@ import pytest
 
 from jaxrl_llm.models import paged
 from jaxrl_llm.models.decode import paged_attention
-from jaxrl_llm.models.paged_kernel import page_counts, paged_attend
+from jaxrl_llm.models.paged import page_counts
+from jaxrl_llm.models.paged_kernel import paged_attend
+from jaxrl_llm.models.paged_kernel_gpu import triton_paged_attend
 from jaxrl_llm.sampling import generate, pages_needed
 from test_sampling_paged import EOS, MODELS, PAD, S, T, G, _assert_same, _model, prompts  # noqa: F401 (fixture)
 
@@ -64,17 +68,18 @@ CASES = {  # block_pages: the kernel's pages per grid step (W = 5 or 4 pages: bl
 }
 
 
+@pytest.mark.parametrize("kernel", ["pallas", "triton"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_kernel_equals_the_xla_path(name):
+def test_kernel_equals_the_xla_path(name, kernel):
     kw = dict(CASES[name])
     window, softcap, scale = kw.pop("window", None), kw.pop("softcap", None), kw.pop("scale", None)
     bp = kw.pop("block_pages", paged.BLOCK_PAGES)
     q, pool, view, steps = _case(np.random.default_rng(sorted(CASES).index(name)), **kw)
     window = None if window is None else jnp.int32(window)
     want = paged.attend(q, pool, view, scale=scale, softcap=softcap, window=window)
-    got = jax.jit(lambda q, pool, view, window: paged_attend(q, pool, view, scale=scale, softcap=softcap,
-                                                             window=window, block_pages=bp, interpret=True))(
-        q, pool, view, window)
+    run = (functools.partial(paged_attend, block_pages=bp) if kernel == "pallas" else triton_paged_attend)
+    got = jax.jit(lambda q, pool, view, window: run(q, pool, view, scale=scale, softcap=softcap, window=window,
+                                                    interpret=True))(q, pool, view, window)
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(got)))
     np.testing.assert_allclose(np.asarray(got)[steps], np.asarray(want)[steps], atol=1e-5, rtol=1e-5)
@@ -82,9 +87,10 @@ def test_kernel_equals_the_xla_path(name):
         np.testing.assert_allclose(np.asarray(got)[~steps], np.asarray(want)[~steps], atol=1e-5, rtol=1e-5)
 
 
-def test_stacked_pool_with_a_traced_layer_index():
+@pytest.mark.parametrize("kernel", ["pallas", "triton"])
+def test_stacked_pool_with_a_traced_layer_index(kernel):
     q, pool, view, _ = _case(np.random.default_rng(7), layers=3)
-    run = jax.jit(lambda layer: paged_attention("pallas_interpret", q, pool, view, layer, 0.5, 2.5, jnp.int32(9)))
+    run = jax.jit(lambda layer: paged_attention(f"{kernel}_interpret", q, pool, view, layer, 0.5, 2.5, jnp.int32(9)))
     for layer in (0, 2):
         want = paged.attend(q, pool, view, jnp.int32(layer), 0.5, 2.5, jnp.int32(9))
         np.testing.assert_allclose(np.asarray(run(jnp.int32(layer))), np.asarray(want), atol=1e-5, rtol=1e-5)
@@ -97,17 +103,19 @@ def test_page_counts_follow_each_slot():
     assert page_counts(jnp.asarray(seen), 4).tolist() == [1, 3, 1]
 
 
-def test_the_kernel_is_chosen_where_the_passes_take_a_tpu_kernel():
+def test_a_kernel_is_chosen_where_the_passes_take_the_backends_kernel():
     assert paged.attention_impl("auto", "tpu") == paged.attention_impl("splash", "tpu") == "pallas"
-    for name, backend in (("auto", "cpu"), ("auto", "gpu"), ("cudnn", "gpu"), ("xla", "tpu"), ("blockwise", "tpu")):
-        assert paged.attention_impl(name, backend) == "xla", (name, backend)
-    with pytest.raises(ValueError, match="expected one of xla, pallas, pallas_interpret"):
-        paged_attention("triton", *_case(np.random.default_rng(0))[:3])
+    assert paged.attention_impl("auto", "gpu", 128, 16) == paged.attention_impl("cudnn", "gpu", 64, 32) == "triton"
+    for args in (("auto", "cpu", 128, 16), ("xla", "tpu"), ("blockwise", "tpu"), ("blockwise", "gpu", 128, 16),
+                 ("auto", "gpu", 128, 8), ("auto", "gpu", 96, 16)):  # Triton: powers of two, at least 16
+        assert paged.attention_impl(*args) == "xla", args
+    with pytest.raises(ValueError, match="expected one of xla, pallas, pallas_interpret, triton, triton_interpret"):
+        paged_attention("cuda", *_case(np.random.default_rng(0))[:3])
 
 
-@pytest.mark.parametrize("name,scanned", [("dense", False), ("window_softcap", True)])
-def test_sampler_with_the_kernel_equals_the_xla_path(name, scanned, prompts, monkeypatch):  # noqa: F811 (fixture)
-    """`generate(kv_page_size=...)` with the kernel forced on (interpreted) against the XLA path: the same
+@pytest.mark.parametrize("name,scanned,kernel", [("dense", False, "triton"), ("window_softcap", True, "pallas")])
+def test_sampler_with_the_kernel_equals_the_xla_path(name, scanned, kernel, prompts, monkeypatch):  # noqa: F811
+    """`generate(kv_page_size=...)` with a kernel forced on (interpreted) against the XLA path: the same
     tokens, masks and log-probs, with a pool so small that rows wait (slots that do not step) and restart;
     windows and soft caps in the scanned step (the stacked pool, a traced layer index)."""
     from jaxrl_llm.models import lm
@@ -119,8 +127,8 @@ def test_sampler_with_the_kernel_equals_the_xla_path(name, scanned, prompts, mon
     args = dict(max_new_tokens=T, num_samples=G, temperature=1.3, eos_ids=EOS, pad_id=PAD, decode_slots=S,
                 kv_page_size=4, kv_pages=pages_needed(prompts[0].shape[1], T, prompts[0].shape[0], 1, 4))
     want = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
-    monkeypatch.setattr(paged, "attention_impl", lambda *a, **kw: "pallas_interpret")  # as on a TPU
-    config = config.replace(logits_chunk=config.logits_chunk + 1)  # a fresh compile under the patch
+    monkeypatch.setattr(paged, "attention_impl", lambda *a, **kw: f"{kernel}_interpret")  # as on a TPU / GPU
+    config = config.replace(logits_chunk=config.logits_chunk + (1 if kernel == "pallas" else 3))  # fresh compiles
     got = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
     _assert_same(want, got)
     assert int(np.asarray(got.page_stats)[0]) > 0  # rows restarted: slots waited
@@ -137,4 +145,23 @@ def test_kernel_on_a_mesh_equals_the_xla_path():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     diffs = json.loads(proc.stdout.strip().splitlines()[-1])["kernel_max_diff"]
-    assert len(diffs) == 4 and max(diffs.values()) <= 1e-5, diffs
+    assert len(diffs) == 8 and max(diffs.values()) <= 1e-5, diffs
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_the_kernels_lower_for_their_backends(platform):
+    """Without the hardware, as far as CPU can go: each kernel through Pallas' lowering for its backend
+    (Mosaic's TPU dialect for a v5e, Triton's for CUDA; `jax.export`), at a Qwen2.5-7B-like shape (7 query
+    heads per KV head, head dim 128, pages of 16, bfloat16, the stacked pool). Neither Mosaic's nor
+    Triton's own compiler runs here."""
+    from jax import export
+    q, pool, view, _ = _case(np.random.default_rng(0), rq=7, hd=128, z=16, layers=2)
+    q, pool = q.astype(jnp.bfloat16), paged.Pool(pool.k.astype(jnp.bfloat16), pool.v.astype(jnp.bfloat16))
+    run = paged_attend if platform == "tpu" else triton_paged_attend
+    f = jax.jit(lambda q, pool, view: run(q, pool, view, jnp.int32(1), None, 30.0, jnp.int32(9)))
+    target = "tpu_custom_call" if platform == "tpu" else "__gpu$xla.gpu.triton"
+    chip = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=chip)):
+        exported = export.export(f, platforms=[platform], disabled_checks=[  # the kernels' calls are not stable
+            export.DisabledSafetyCheck.custom_call(target)])(q, pool, view)
+    assert target in exported.mlir_module()

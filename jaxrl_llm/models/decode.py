@@ -163,7 +163,7 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     if isinstance(cache, paged.Pool):  # the paged cache (sampling/paged.py): `index` is its paged.View
         cache = paged.write(cache, k.reshape(n, kvh, hd), v.reshape(n, kvh, hd), index, layer)
-        impl = paged.attention_impl(c.attention, jax.default_backend())
+        impl = paged.attention_impl(c.attention, jax.default_backend(), hd, cache.k.shape[-1])
         a = paged_attention(impl, q.reshape(n, kvh, h // kvh, hd), cache, index, layer, c.attn_scale,
                             c.attn_softcap, layer_window(c, sliding))
     else:
@@ -199,8 +199,13 @@ def paged_attention(impl: str, q, pool: paged.Pool, view: paged.View, layer=None
         return paged.attend(q, pool, view, layer, scale, softcap, window)
     if impl not in paged.PAGED_IMPLS:
         raise ValueError(f"paged attention {impl!r}: expected one of {', '.join(paged.PAGED_IMPLS)}")
-    from jaxrl_llm.models.paged_kernel import mesh_paged_attend  # Pallas TPU kernel: imported where it runs
-    return mesh_paged_attend(q, pool, view, layer, scale, softcap, window, interpret=impl == "pallas_interpret")
+    from jaxrl_llm.models.paged_kernel import mesh_paged_attend  # Pallas kernels: imported where they run
+    kernel = None
+    if impl.startswith("triton"):
+        from jaxrl_llm.models.paged_kernel_gpu import triton_paged_attend
+        kernel = triton_paged_attend
+    return mesh_paged_attend(q, pool, view, layer, scale, softcap, window, kernel=kernel,
+                             interpret=impl.endswith("_interpret"))
 
 
 def _cache_write(cache, k, v, index, layer):

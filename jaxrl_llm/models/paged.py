@@ -16,9 +16,9 @@ sliding windows are exactly those of `attend_step` (a windowed layer masks old k
 
 XLA path (`attend`): each slot's pages are gathered a block at a time (one layer at a time) and attended
 with an online float32 softmax, block after block, only as far as the longest row in flight; the gathered
-block is a transient, what stays allocated between steps is the pool. Pallas path (models/paged_kernel.py,
-TPU): the same attention by a kernel that reads each slot's pages through the page table itself and stops
-at the slot's own length. `attention_impl` chooses between them (models/decode.py `paged_attention` runs
+block is a transient, what stays allocated between steps is the pool. Pallas paths (models/paged_kernel.py
+on TPU, models/paged_kernel_gpu.py in Triton's form on GPU): the same attention by a kernel that reads each
+slot's pages through the page table itself and stops at the slot's own length. `attention_impl` chooses between them (models/decode.py `paged_attention` runs
 the chosen one).
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ from jaxrl_llm.models.kernels import soft_cap
 
 
 BLOCK_PAGES = 8  # logical pages one step of `attend`'s loop reads
-PAGED_IMPLS = ("xla", "pallas", "pallas_interpret")  # the last: the kernel in Pallas' interpreter (CPU tests)
+# *_interpret: the kernel in Pallas' interpreter (CPU tests)
+PAGED_IMPLS = ("xla", "pallas", "pallas_interpret", "triton", "triton_interpret")
 
 
 class Pool(NamedTuple):
@@ -101,12 +102,30 @@ def visible_keys(view: View, window=None):
     return visible
 
 
-def attention_impl(name: str, backend: str) -> str:
-    """The paged attention a decode step runs for `model.attention = name` on `backend`: 'pallas'
-    (models/paged_kernel.py) where the other passes take a TPU kernel (auto or splash on a TPU), else
-    'xla' (`attend`): on CPU, on a GPU (the kernel has no Triton form, cuDNN no paged one), and for xla
-    and blockwise."""
-    return "pallas" if backend == "tpu" and name in ("auto", "splash") else "xla"
+def page_counts(visible, page_size: int):
+    """(S,) int32: the logical pages through each slot's last visible key, at least 1 (a slot that sees no
+    key still reads one page, as the XLA path does, so that its output stays finite)."""
+    pages = visible.reshape(visible.shape[0], -1, page_size).any(axis=-1)  # (S,W)
+    last = jnp.max(jnp.where(pages, jnp.arange(1, pages.shape[1] + 1, dtype=jnp.int32), 0), axis=1)
+    return jnp.maximum(last, 1).astype(jnp.int32)
+
+
+def triton_fits(head_dim: int, page_size: int) -> bool:
+    """Whether the Triton-form kernel (models/paged_kernel_gpu.py) takes these shapes: Triton's block
+    shapes are powers of two and its dots at least 16 a side."""
+    return all(x >= 16 and x & (x - 1) == 0 for x in (head_dim, page_size))
+
+
+def attention_impl(name: str, backend: str, head_dim: int = 0, page_size: int = 0) -> str:
+    """The paged attention a decode step runs for `model.attention = name` on `backend`, where the other
+    passes take the backend's kernel: 'pallas' (models/paged_kernel.py) for auto or splash on a TPU,
+    'triton' (models/paged_kernel_gpu.py) for auto or cudnn on a GPU when `triton_fits` the head dim and
+    page size; else 'xla' (`attend`): on CPU, for xla and blockwise, and for the other GPU shapes."""
+    if backend == "tpu" and name in ("auto", "splash"):
+        return "pallas"
+    if backend == "gpu" and name in ("auto", "cudnn") and triton_fits(head_dim, page_size):
+        return "triton"
+    return "xla"
 
 
 def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,

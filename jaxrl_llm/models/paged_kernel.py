@@ -21,13 +21,13 @@ masked (a left-padded prompt's first page) leaves the running sums as the XLA pa
 
 On a mesh the kernel runs in shard_map (`mesh_paged_attend`): XLA does not partition a Pallas call.
 
-TPU only (`paged.attention_impl` chooses it there); `interpret=True` runs the same kernel in Pallas'
-interpreter, which is all it has run on (CPU tests): it has not been compiled by Mosaic nor timed on a
-TPU. Every block spans the whole trailing two dims of its array, as Mosaic's block rule allows for any
-size; whether it lowers the small products of every shape (Rq = 7 query heads, pages of Z = 16 keys) is
-untried. The flattened table (S*W int32) sits in SMEM whole. No GPU form: Pallas' Triton backend has no
-scalar prefetch (the table would be read inside the kernel) and its dots want tiles of at least 16 rows,
-more than a KV head's query heads usually are (they would be padded); not written.
+TPU only (`paged.attention_impl` chooses it there; GPUs get models/paged_kernel_gpu.py, the same
+attention in Triton's form). `interpret=True` runs the same kernel in Pallas' interpreter, which with
+Pallas' lowering to Mosaic's TPU dialect (`jax.export`, tests/test_paged_kernel.py) is all it has been
+through: it has not been compiled by Mosaic nor timed on a TPU. Every block spans the whole trailing two
+dims of its array, as Mosaic's block rule allows for any size; whether it compiles the small products of
+every shape (Rq = 7 query heads, pages of Z = 16 keys) is untried. The flattened table (S*W int32) sits
+in SMEM whole.
 """
 from __future__ import annotations
 
@@ -43,15 +43,7 @@ from jax.sharding import PartitionSpec as Spec
 
 from jaxrl_llm.models.attention import MASKED_SCORE
 from jaxrl_llm.models.kernels import soft_cap
-from jaxrl_llm.models.paged import BLOCK_PAGES, View, visible_keys
-
-
-def page_counts(visible, page_size: int):
-    """(S,) int32: the logical pages through each slot's last visible key, at least 1 (a slot that sees no
-    key still reads one page, as the XLA path does, so that its output stays finite)."""
-    pages = visible.reshape(visible.shape[0], -1, page_size).any(axis=-1)  # (S,W)
-    last = jnp.max(jnp.where(pages, jnp.arange(1, pages.shape[1] + 1, dtype=jnp.int32), 0), axis=1)
-    return jnp.maximum(last, 1).astype(jnp.int32)
+from jaxrl_llm.models.paged import BLOCK_PAGES, View, page_counts, visible_keys
 
 
 def _online_page(q_ref, k_ref, v_ref, vis_ref, top_ref, total_ref, acc_ref, scale: float, softcap):
@@ -152,14 +144,14 @@ def _rule(name: str) -> tuple:
     return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
 
 
-def mesh_paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=None, **kw):
-    """`paged_attend` on the active mesh, in shard_map: XLA cannot partition a Pallas call, and left to
+def mesh_paged_attend(q, pool, view, layer=None, scale=None, softcap=None, window=None, *, kernel=None, **kw):
+    """`kernel` (default `paged_attend`; or paged_kernel_gpu's) on the active mesh, in shard_map: XLA cannot partition a Pallas call, and left to
     itself would bring the whole pool to every chip. Slots and the pool's row shards go over the mesh
     axes of the logical `batch` (when they divide both: each chip's slots then read only its own pools,
     as in the sampler's layout), KV heads over those of `act_heads` (when they divide them), the rest
-    replicated. Outside a mesh (or on one chip), `paged_attend` itself. Arguments and result as there."""
+    replicated. Outside a mesh (or on one chip), the kernel itself. Arguments and result as `paged_attend`."""
     mesh = jax.sharding.get_abstract_mesh()
-    run = functools.partial(paged_attend, scale=scale, softcap=softcap, **kw)
+    run = functools.partial(kernel or paged_attend, scale=scale, softcap=softcap, **kw)
     if mesh.empty or mesh.size == 1:
         return run(q, pool, view, layer, window=window)
     size = lambda axes: math.prod(mesh.shape[a] for a in axes)

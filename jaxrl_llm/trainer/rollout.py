@@ -104,10 +104,12 @@ class Rollouts:
                 slots=c.rollout.decode_slots, shards=page_shards(self.mesh, prompts, c.rollout.decode_slots),
                 tensor=self.mesh.shape["tensor"], free_bytes=free)
             log.info(line)
-            kernel = paged.attention_impl(self.mc.attention, jax.default_backend()) == "pallas"
-            log.info(f"rollout.kv_page_size={c.rollout.kv_page_size}: the decode step's paged attention is "
-                     + ("the Pallas TPU kernel (models/paged_kernel.py)" if kernel else "XLA's (models/paged.py)")
-                     + f", from model.attention={self.mc.attention} on {jax.default_backend()}")
+            impl = paged.attention_impl(self.mc.attention, jax.default_backend(), self.mc.head_dim,
+                                        c.rollout.kv_page_size)
+            kind = {"xla": "XLA's (models/paged.py)", "pallas": "the Pallas TPU kernel (models/paged_kernel.py)",
+                    "triton": "the Pallas kernel in Triton's form (models/paged_kernel_gpu.py)"}[impl]
+            log.info(f"rollout.kv_page_size={c.rollout.kv_page_size}: the decode step's paged attention is {kind}, "
+                     f"from model.attention={self.mc.attention} on {jax.default_backend()}")
         return self.kv_pages
 
     def _row_block(self, prompts: int):

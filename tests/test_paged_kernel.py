@@ -134,6 +134,22 @@ def test_sampler_with_the_kernel_equals_the_xla_path(name, scanned, kernel, prom
     assert int(np.asarray(got.page_stats)[0]) > 0  # rows restarted: slots waited
 
 
+def test_the_kernel_reads_pages_a_window_freed_and_another_row_took(prompts, monkeypatch):  # noqa: F811
+    """An all-windowed model on a pool that works only because passed pages go back: the kernel sees page
+    tables whose old entries now belong to other rows, and must mask them by position as the XLA path does."""
+    from test_sampling_paged import WINDOW, WZ
+    config, params = _model(sliding_window=WINDOW, attn_softcap=3.0)
+    config = config.replace(logits_chunk=config.logits_chunk + 5)  # compiles of its own, under the patch
+    args = dict(max_new_tokens=T, num_samples=G, temperature=1.3, eos_ids=EOS, pad_id=PAD, decode_slots=S,
+                kv_page_size=WZ, kv_pages=pages_needed(prompts[0].shape[1], T, prompts[0].shape[0], 1, WZ, WINDOW))
+    want = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
+    monkeypatch.setattr(paged, "attention_impl", lambda *a, **kw: "pallas_interpret")
+    config = config.replace(logits_chunk=config.logits_chunk + 1)
+    got = generate(config, params, *prompts, jax.random.PRNGKey(3), **args)
+    _assert_same(want, got)
+    assert int(np.asarray(want.lengths).max()) == T  # rows longer than the pool holds without freeing
+
+
 def test_kernel_on_a_mesh_equals_the_xla_path():
     """The kernel in shard_map over row shards (data x fsdp) and over KV heads (tensor): each chip's slots
     read only its own pools, and the result is the XLA path's."""

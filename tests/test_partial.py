@@ -150,3 +150,14 @@ def test_a_rollout_mesh_on_several_processes_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="config.mesh.rollout_devices must be 0 with rollout.partial on several"):
         PartialRollouts(partial_config(**{"mesh.rollout_devices": 1}), None)
 
+
+
+def test_lora_adapters_sample_the_rounds(tmp_path):
+    """With LoRA the rounds sample with the base joined to the adapters of each version: step 0's batch is
+    recomputed by the trainer to 1e-5, the adapters move, and later batches mix versions."""
+    tr = Trainer(partial_config(**{"lora.rank": 4, "lora.alpha": 8.0, "total_steps": 4,
+                                   "checkpoint.every_steps": 10}), str(tmp_path / "run"))
+    history = tr.run()
+    assert history[0]["sampler/logp_diff_max"] <= 1e-5
+    assert all(r["policy/grad_norm"] > 0 for r in history)
+    assert any(r["rollout/staleness/max"] > r["rollout/staleness/min_token"] for r in history)

@@ -306,8 +306,7 @@ def _validate_partial(c) -> None:
              "slots partial rounds resume"),
             ("rollout.kv_page_size", c.rollout.kv_page_size, "the paged cache does not resume rows in flight"),
             ("dapo.dynamic_sampling", c.dapo.dynamic_sampling, "a partial batch is the first groups to complete; "
-             "resampling rounds do not apply"),
-            ("mesh.rollout_devices", c.mesh.rollout_devices, "the rounds run in the trainer's thread")):
+             "resampling rounds do not apply")):
         if value:
             _fail(field, f"off with rollout.partial ({why})", value)
     if c.distill.lmbda < 1:

@@ -41,6 +41,13 @@ def grpo_rollout_mesh():
     return config((1, 2, 1), **{"total_steps": 3, "rollout.max_staleness": 1, "mesh.rollout_devices": 2})
 
 
+def grpo_partial():
+    """(f) GRPO with partial rollouts (k = 2, 4 slots for 16 rows: rows continue across updates)."""
+    from scaling_worker import config
+    return config((2, 2, 1), **{"total_steps": STEPS, "rollout.max_staleness": 2, "rollout.partial": True,
+                                "rollout.decode_slots": 4, "rollout.max_new_tokens": 6})
+
+
 def multiturn(algo: str):
     """(c) configs/tiny_multiturn.py shrunk to a few steps, with a held-out evaluation of episodes."""
     import tiny_multiturn
@@ -53,7 +60,7 @@ def multiturn(algo: str):
                     "log.tensorboard": False, "export.at_end": False, "export.plot": False})
 
 
-CONFIGS = {"grpo_k2": grpo_async, "grpo_mesh": grpo_rollout_mesh, "mt_grpo": lambda: multiturn("grpo"),
+CONFIGS = {"grpo_k2": grpo_async, "grpo_mesh": grpo_rollout_mesh, "grpo_partial": grpo_partial, "mt_grpo": lambda: multiturn("grpo"),
            # PPO (not in CI): configs/tiny.py's 2 minibatches would leave 2 prompts for 4 row shards
            "mt_ppo": lambda: apply_overrides(multiturn("ppo"), {"train.minibatches": 1})}
 

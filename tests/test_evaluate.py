@@ -212,6 +212,27 @@ def test_greedy_takes_one_sample_and_reuses_the_training_sampler(tmp_path):
     assert generate_program._cache_size() - before == 0
 
 
+def test_a_paged_evaluation_gives_the_unpaged_numbers(tmp_path):
+    """rollout.kv_page_size: the evaluator samples on the paged cache (a pool of at least what its own batch
+    needs, `Evaluator._paging`) and gives the unpaged evaluation's pass@k, rewards and samples."""
+    import copy
+    from jaxrl_llm.sampling import paged_program
+    fields = {**EVAL, "eval.every_steps": 1, "rollout.max_new_tokens": 6, "rollout.decode_slots": 4,
+              "rollout.kv_page_size": 2, "rollout.kv_pages": 0}
+    trainer = Trainer(small_config(total_steps=1, **fields), str(tmp_path))
+    params = trainer.policy(trainer.state)
+    paged = trainer.evaluator
+    unpaged = copy.copy(paged)
+    unpaged.c = copy.deepcopy(paged.c)
+    unpaged.c.rollout.kv_page_size = 0
+    assert unpaged._paging(2, 16) == {} and paged._paging(2, 16)["kv_page_size"] == 2
+    before = paged_program._cache_size()
+    (got, got_rows), (want, want_rows) = paged(params), unpaged(params)
+    assert paged_program._cache_size() > before  # the paged sampler ran
+    got.pop("eval/time_s"), want.pop("eval/time_s")
+    assert got == want and "eval/pass@4" in got and got_rows == want_rows
+
+
 def test_eval_rewards_default_to_training_ones_without_overlong_shaping():
     dapo = config_lib.prepare(small_config("dapo"))
     assert [n for n, _ in config_lib.reward_specs(dapo)] == ["fixtures_rewards:digit_fraction", "overlong"]

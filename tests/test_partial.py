@@ -67,6 +67,7 @@ def test_partial_run_is_the_schedule_as_a_plain_loop(partial_run, tmp_path):
 def test_rows_continue_across_updates_within_the_bound(partial_run):
     run = partial_run
     assert max(r["rollout/partial/in_flight"] for r in run) > 0  # rows were left in flight at a round's stop
+    assert max(r["rollout/partial/held"] for r in run) > 0  # and a round waited for rows at the bound
     # Some batch mixes tokens of several versions: its oldest token is older than its newest.
     assert any(r["rollout/staleness/max"] > r["rollout/staleness/min_token"] for r in run)
     assert all(r["rollout/staleness/max"] <= K for r in run)
@@ -74,20 +75,15 @@ def test_rows_continue_across_updates_within_the_bound(partial_run):
     assert all("correction/ess" in r for r in run)
 
 
-def test_a_stale_row_is_restarted():
-    """A row whose oldest token would be more than k versions behind is dropped and drawn again."""
+def test_groups_about_to_pass_the_bound_are_held():
+    """A group whose oldest token would be more than k versions behind the next step is held (this round's
+    batch must take it); a group not started is drawn by this round's version."""
     engine = PartialRollouts.__new__(PartialRollouts)
-    engine.c = partial_config()
-    engine.G, engine.rollouts = 2, type("R", (), {"pad_id": 0})()
-    rows = {"lengths": np.array([3, 3, 0, 2]), "done": np.array([True, False, False, True]),
-            "tokens": np.full((4, 3), 7), "logprobs": np.ones((4, 2, 3)), "versions": np.array([[1, 2, 3]] * 4)}
-    rows["versions"][1] = [3, 3, 3]
-    engine.rows, engine.per_group = rows, {"done_at": np.array([5, 9])}
-    assert engine._restart_stale(step=4) == 2  # rows 0 and 3 (head version 1: 4 - 1 > 2); row 2 is not started
-    np.testing.assert_array_equal(rows["lengths"], [0, 3, 0, 0])
-    np.testing.assert_array_equal(rows["done"], [False, False, False, False])
-    assert (rows["tokens"][[0, 3]] == 0).all() and (rows["tokens"][1] == 7).all()
-    np.testing.assert_array_equal(engine.per_group["done_at"], [-1, -1])
+    engine.c, engine.G = partial_config(), 2
+    engine.rows = {"lengths": np.array([3, 1, 0, 0, 2, 5]), "versions": np.array([[1, 2], [1, 0], [0, 0], [0, 0],
+                                                                                  [2, 2], [2, 3]])}
+    np.testing.assert_array_equal(engine._held(step=3, version=2), [True, False, False])  # 3 + 1 - 1 > 2
+    np.testing.assert_array_equal(engine._held(step=4, version=3), [True, False, True])
 
 
 def test_kill_and_resume_is_exact(partial_run, compile_cache, tmp_path):  # noqa: F811
@@ -104,12 +100,25 @@ def test_kill_and_resume_is_exact(partial_run, compile_cache, tmp_path):  # noqa
     assert fr.without_perf(fr.read_jsonl(wd / "metrics.jsonl")) == partial_run
 
 
+def test_a_rollout_mesh_gives_the_one_mesh_run(partial_run, compile_cache, tmp_path):  # noqa: F811
+    """Rounds in the producer thread on a rollout device of their own (2 CPU devices: 1 samples, 1 trains)."""
+    fields = {k.replace(".", "__"): v for k, v in PARTIAL.items()}
+    args = fr.train_args(tmp_path / "split", total_steps=STEPS, rollout__max_staleness=K, checkpoint__async_save=False,
+                         mesh__rollout_devices=1, **fields)
+    proc = fr.run_cli("train", args, fr.cli_env(compile_cache, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = fr.without_perf(fr.read_jsonl(tmp_path / "split" / "metrics.jsonl"))
+    assert [r.keys() for r in split] == [r.keys() for r in partial_run]
+    for a, b in zip(split, partial_run):
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("overrides,field", [
     ({"rollout.max_staleness": 1}, "rollout.max_staleness"),
     ({"rollout.decode_slots": 0}, "rollout.decode_slots"),
     ({"rollout.kv_page_size": 4}, "rollout.kv_page_size"),
     ({"dapo.dynamic_sampling": True}, "dapo.dynamic_sampling"),
-    ({"mesh.rollout_devices": 1}, "mesh.rollout_devices"),
     ({"distill.lmbda": 0.5}, "distill.lmbda"),
 ])
 def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp_path):
@@ -117,7 +126,38 @@ def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp
         Trainer(partial_config(**overrides), str(tmp_path / "w"))
 
 
-def test_routing_replay_is_refused_for_moe():
-    rollouts = type("R", (), {"mc": type("M", (), {"num_experts": 4})()})()
-    with pytest.raises(ValueError, match="config.model.routing_replay must be False with rollout.partial"):
-        PartialRollouts(partial_config(), rollouts)
+def test_moe_partial_rounds_replay_each_tokens_recorded_experts(tmp_path):
+    """A tiny MoE with routing replay: step 0's batch (all tokens of version 0) is recomputed by the trainer to
+    1e-5 with the replayed experts; later batches carry routes for every fed token."""
+    from jaxrl_llm.trainer.setup import load_tokenizer
+    from test_moe_trainer import _tiny_moe_dir
+    c = partial_config(total_steps=3)
+    c.model.path = _tiny_moe_dir(str(tmp_path / "moe"), load_tokenizer(c.tokenizer))
+    c.checkpoint.every_steps = 10
+    tr = Trainer(c, str(tmp_path / "run"))
+    history = tr.run()
+    assert history[0]["sampler/logp_diff_max"] <= 1e-5
+    assert tr.partial.route_shape == (1, 2)
+    rows = tr.partial.rows
+    fed = (np.arange(rows["tokens"].shape[1])[None] < rows["lengths"][:, None] - 1)  # every token but the last
+    assert (rows["routes"][fed] >= 0).all() and (rows["routes"][~fed] < 0).all()
+
+
+def test_a_rollout_mesh_on_several_processes_is_refused(monkeypatch):
+    """Each host's rollout mesh samples alone (no collective in its thread): a round, which gathers every
+    host's rows, cannot run there."""
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match="config.mesh.rollout_devices must be 0 with rollout.partial on several"):
+        PartialRollouts(partial_config(**{"mesh.rollout_devices": 1}), None)
+
+
+
+def test_lora_adapters_sample_the_rounds(tmp_path):
+    """With LoRA the rounds sample with the base joined to the adapters of each version: step 0's batch is
+    recomputed by the trainer to 1e-5, the adapters move, and later batches mix versions."""
+    tr = Trainer(partial_config(**{"lora.rank": 4, "lora.alpha": 8.0, "total_steps": 4,
+                                   "checkpoint.every_steps": 10}), str(tmp_path / "run"))
+    history = tr.run()
+    assert history[0]["sampler/logp_diff_max"] <= 1e-5
+    assert all(r["policy/grad_norm"] > 0 for r in history)
+    assert any(r["rollout/staleness/max"] > r["rollout/staleness/min_token"] for r in history)

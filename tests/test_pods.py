@@ -12,6 +12,8 @@ gloo collectives, 2 fake devices each) against one process with the same 4 devic
       processes continues to the run that never stopped, and so does a rerun of a copy of that
       checkpoint on one process (another process count: the batches in flight are global rows).
 
+  (f) GRPO with partial rollouts (`grpo_partial`, k = 2, 4 steps): one table of rows in flight on both hosts.
+
   (e) SIGTERM to process 1 of a k = 2 run in step 2: both processes stop after the same step, with a
       checkpoint of it that holds the global rows of the batches in flight (the agreement itself, for
       SIGINT too, is tests/test_preemption.py's `test_processes_agree_on_the_stop_step`).
@@ -103,8 +105,8 @@ def runs(tmp_path_factory):
         after_kill = {"committed": fr.committed_steps(os.path.join(two, "w_k2")),
                       "rows": fr.read_jsonl(os.path.join(two, "w_k2", "metrics.jsonl"))}
         shutil.copytree(os.path.join(two, "w_k2"), os.path.join(one, "w_k2_on_one"))
-        rerun = _launch(two, "grpo_k2@k2,mt_grpo,grpo_mesh,grpo_mesh@fail,grpo_k2@term", 2, "rerun")
-        single = _launch(one, "grpo_k2,mt_grpo,grpo_k2@k2_on_one,grpo_mesh", 1, "single")
+        rerun = _launch(two, "grpo_k2@k2,mt_grpo,grpo_mesh,grpo_partial,grpo_mesh@fail,grpo_k2@term", 2, "rerun")
+        single = _launch(one, "grpo_k2,mt_grpo,grpo_k2@k2_on_one,grpo_mesh,grpo_partial", 1, "single")
         codes = _wait(rerun) + _wait(single)
         assert codes == [0, 0, 0], _tail(rerun + single)
     finally:
@@ -166,8 +168,16 @@ def _rollout_mesh(runs, base, two) -> None:
                       "divided by zero on process 1", "ZeroDivisionError: the grader divided by zero on process 1"]
 
 
-@pytest.mark.parametrize("run,check", [("grpo_mesh", _rollout_mesh), ("mt_grpo", _multiturn)],
-                         ids=["rollout_mesh", "multiturn"])
+def _partial(runs, base, two) -> None:
+    """(f) partial rollouts: one table of rows in flight, the same on both hosts, each scoring and training
+    its block of every batch; rows continue across updates, none past the bound."""
+    assert two["local_rows"] == 4 and base["local_rows"] == 8
+    assert all(m["rollout/staleness/max"] <= 2 for m in base["metrics"])
+    assert max(m["rollout/partial/in_flight"] for m in base["metrics"]) > 0
+
+
+@pytest.mark.parametrize("run,check", [("grpo_mesh", _rollout_mesh), ("mt_grpo", _multiturn), ("grpo_partial", _partial)],
+                         ids=["rollout_mesh", "multiturn", "partial"])
 def test_two_processes_match_one_process(runs, run, check):
     """(b) k = 1 on a rollout mesh, (c) multi-turn GRPO with the held-out evaluation of episodes: the
     2-process run equals the 1-process one with the same global batch (and each run's own properties)."""

@@ -3,8 +3,10 @@ batching sampler (`slots`, itself held to a teacher-forced reference and the tra
 tests/test_sampling_slots.py): the same tokens, masks, MoE routes, and log-probs to 1e-5 (float32), for
 left-padded prompts of ragged lengths, EOS at varied steps, every sampling mode, a sliding window with soft
 caps (unrolled and scanned decode steps), an MoE model, LoRA adapters -- with pools large enough for every
-row at once and pools so small that rows wait and restart (the restart path is asserted to have run). On
-a mesh of 4 fake devices (tests/paged_worker.py) the per-shard pools give the one-device rollout.
+row at once and pools so small that rows wait and restart (the restart path is asserted to have run). A
+model whose every layer is windowed frees the pages its window has passed: the same rollout from a pool
+too small for one row's whole completion, and freeing a page early is caught. On a mesh of 4 fake devices
+(tests/paged_worker.py) the per-shard pools give the one-device rollout.
 """
 import json
 import os
@@ -19,7 +21,7 @@ import pytest
 from fixtures_hf import left_padded_batch
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.models.lm import init_params
-from jaxrl_llm.sampling import generate, pages_needed
+from jaxrl_llm.sampling import freeing_window, generate, pages_needed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAD = 0
@@ -52,10 +54,11 @@ def prompts():
 
 
 def _pair(config, params, prompts, pool, page=4, seed=3, **kw):
-    """(slots rollout, paged rollout) of the same draws; pool "tight": the fewest pages allowed."""
+    """(slots rollout, paged rollout) of the same draws; pool "tight": the fewest pages allowed, an int: so many."""
     args = {**dict(max_new_tokens=T, num_samples=G, temperature=1.3, eos_ids=EOS, pad_id=PAD, decode_slots=S), **kw}
     key = jax.random.PRNGKey(seed)
-    pages = pages_needed(prompts[0].shape[1], T, B, 1, page) if pool == "tight" else 64
+    pages = {"tight": pages_needed(prompts[0].shape[1], T, B, 1, page, freeing_window(config)),
+             "ample": 64}.get(pool, pool)
     return (generate(config, params, *prompts, key, **args),
             generate(config, params, *prompts, key, kv_page_size=page, kv_pages=pages, **args))
 
@@ -128,6 +131,59 @@ def test_a_pool_too_small_or_without_slots_is_refused(prompts):
         generate(config, params, *prompts, jax.random.PRNGKey(0), decode_slots=S, kv_page_size=4, kv_pages=12, **args)
     with pytest.raises(ValueError, match="needs decode_slots > 0"):
         generate(config, params, *prompts, jax.random.PRNGKey(0), kv_page_size=4, kv_pages=64, **args)
+
+
+WINDOW, WZ = 4, 2  # every layer windowed (no layer_types) and its pages of 2 tokens
+
+
+def test_what_a_window_frees_and_the_fewest_pages_it_needs(prompts):
+    """With 9-token prompts, a window of 4 and pages of 2: the first 3 of a prompt's 5 pages (keys 0..5)
+    are past for its first token already (the query at 9 sees keys 6..9); a row's token t sees its keys
+    t-3..t, on at most 3 pages; a model mixing windowed and full layers frees nothing."""
+    from jaxrl_llm.sampling.paged import passed_pages, prompt_pages_passed, row_pages
+    assert [int(passed_pages(t, WINDOW, WZ)) for t in range(9)] == [0, 0, 0, 0, 0, 1, 1, 2, 2]
+    assert prompt_pages_passed(9, WINDOW, WZ) == 3 and prompt_pages_passed(9, None, WZ) == 0
+    assert prompt_pages_passed(9, 1, 3) == 2  # a prompt's last page is always kept
+    assert row_pages(T, WZ, WINDOW) == 3 and row_pages(T, WZ) == 7 and row_pages(3, WZ, WINDOW) == 2
+    assert pages_needed(9, T, B, 1, WZ, WINDOW) == 3 * 2 + 3 and pages_needed(9, T, B, 1, WZ) == 3 * 5 + 7
+    assert freeing_window(_model(sliding_window=WINDOW)[0]) == WINDOW
+    assert freeing_window(_model(**MODELS["window_softcap"])[0]) is None and freeing_window(_model()[0]) is None
+    config, params = _model(sliding_window=WINDOW)
+    args = dict(max_new_tokens=T, num_samples=G, eos_ids=EOS, pad_id=PAD, decode_slots=S, kv_page_size=WZ)
+    with pytest.raises(ValueError, match=r"^kv_pages=8 per row shard is fewer than the 9 pages of 2 tokens its 3 "
+                                         r"prompts of 9 tokens and one row of 13 new tokens need \(with the pages "
+                                         r"every layer's sliding window of 4 has passed freed\)$"):
+        generate(config, params, *prompts, jax.random.PRNGKey(0), kv_pages=8, **args)
+
+
+@pytest.mark.parametrize("mode", [dict(), dict(temperature=0.0), dict(top_k=5, top_p=0.8), dict(min_p=0.2),
+                                  dict(repetition_penalty=1.7)])
+def test_an_all_windowed_model_frees_the_pages_its_window_has_passed(mode, prompts):
+    """A pool of 9 pages: the 3 prompts keep 2 pages each, which leaves 3 for the completions of 4 slots
+    -- rows of 13 tokens write 7 pages each, so they ran only because passed pages went back (and without
+    freeing the sampler refuses a pool under 22 pages)."""
+    config, params = _model(sliding_window=WINDOW, attn_softcap=3.0)
+    need = pages_needed(prompts[0].shape[1], T, B, 1, WZ, WINDOW)
+    assert need == 9 < pages_needed(prompts[0].shape[1], T, B, 1, WZ)
+    a, b = _pair(config, params, prompts, "tight", page=WZ, **mode)
+    _assert_same(a, b)
+    restarts, peak = map(int, np.asarray(b.page_stats))
+    assert int(np.asarray(a.lengths).max()) == T and peak <= need, peak  # 7 pages written by a row, 3 at hand
+    if not mode:
+        assert restarts > 0  # rows waited and restarted with pages freed by the window in flight
+
+
+def test_freeing_a_page_early_is_caught(prompts, monkeypatch):
+    """The mutation: every page freed Z tokens before its last key leaves the window. Another row takes
+    it and writes over keys still seen, and the rollout differs from the unpaged one."""
+    from jaxrl_llm.sampling import paged
+    config, params = _model(sliding_window=WINDOW, attn_softcap=3.0)
+    config = config.replace(logits_chunk=config.logits_chunk + 1)  # a fresh compile under the patch
+    passed = paged.passed_pages
+    monkeypatch.setattr(paged, "passed_pages", lambda t, window, z: passed(t + z, window, z))
+    a, b = _pair(config, params, prompts, 9, page=WZ)
+    with pytest.raises(AssertionError):
+        _assert_same(a, b)
 
 
 def test_per_shard_pools_on_a_mesh_equal_one_device():

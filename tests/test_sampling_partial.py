@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.models import token_logprobs
+from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.sampling import generate
 from jaxrl_llm.sampling.partial import empty_rows, run_round
 from test_sampling_paged import MODELS, PAD, _model, left_padded_batch
@@ -32,13 +33,19 @@ def _key_rows(key, prompts: int):
 
 
 def _rounds(config, weights, prompts, mask, key, **kw):
-    """Rounds until every row is done, round v with weights(v), stopping once v + 1 groups are complete."""
+    """Rounds until every row is done, round v with weights(v), stopping once v + 1 groups are complete (MoE:
+    routes recorded; the prompts' routes of the first round)."""
     table, v = empty_rows(B * G, T, PAD), 0
+    if config.num_experts:
+        table["routes"] = unrecorded_routes(config, B * G, T)
+    first_prompt_routes = None
     keys = _key_rows(key, B)
     while not np.all(np.asarray(table["done"])):
         table = run_round(config, weights(v), prompts, mask, keys, table, v, v + 1, max_new_tokens=T,
                           num_samples=G, slots=S, eos_ids=EOS, **kw)
+        first_prompt_routes = table["prompt_routes"] if first_prompt_routes is None else first_prompt_routes
         v += 1
+    table["prompt_routes"] = first_prompt_routes
     return {k: np.asarray(x) for k, x in table.items()}, v
 
 
@@ -59,6 +66,9 @@ def test_rounds_with_one_policy_equal_the_slots_sampler(model, mode, prompts):
                    decode_slots=S, **kw)
     table, rounds = _rounds(config, lambda v: params, *prompts, key, **kw)
     assert rounds >= 2  # the rows really stopped and resumed
+    if config.num_experts:  # each fed token's experts, whatever round fed it; the prompts' of the first round
+        np.testing.assert_array_equal(table["routes"], np.asarray(ref.routes))
+        np.testing.assert_array_equal(table["prompt_routes"], np.asarray(ref.prompt_routes)[:, ::G])
     mask = np.arange(T)[None] < table["lengths"][:, None]
     np.testing.assert_array_equal(mask, np.asarray(ref.mask).astype(bool))
     np.testing.assert_array_equal(np.where(mask, table["tokens"], PAD), np.asarray(ref.tokens))
@@ -86,6 +96,22 @@ def test_each_token_logprob_is_its_versions(model, prompts):
     # A mutation the check catches: the first version's weights do not explain the later tokens.
     ref0 = np.asarray(token_logprobs(config, scale(0), full[:, :-1], full_mask[:, :-1], full[:, 1:], 0.8))[:, P - 1:]
     assert np.abs(table["logprobs"][:, 0][versions > 0] - ref0[versions > 0]).max() > 1e-3
+
+
+def test_a_round_waits_for_the_groups_it_holds(prompts):
+    """need = 1 stops at the first complete group, unless a group is held: then it runs until that one is done."""
+    config, params = _model()
+    keys = _key_rows(jax.random.PRNGKey(3), B)
+    kw = dict(max_new_tokens=T, num_samples=G, slots=S, eos_ids=EOS, temperature=1.3)
+    free = run_round(config, params, *prompts, keys, empty_rows(B * G, T, PAD), 0, 1, **kw)
+    complete = np.asarray(free["done"]).reshape(B, G).all(1)
+    last = int(np.nonzero(~complete)[0][-1])  # a group the free round left unfinished
+    held = run_round(config, params, *prompts, keys, empty_rows(B * G, T, PAD), 0, 1, hold=np.arange(B) == last, **kw)
+    assert np.asarray(held["done"]).reshape(B, G)[last].all()
+    assert int(held["iterations"]) > int(free["iterations"])
+    done = np.asarray(held["done"])  # the rows both rounds finished agree token for token
+    both = np.asarray(free["done"]) & done
+    np.testing.assert_array_equal(np.asarray(free["tokens"])[both], np.asarray(held["tokens"])[both])
 
 
 def test_a_table_with_more_rows_in_flight_than_slots_is_refused(prompts):

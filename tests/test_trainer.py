@@ -119,6 +119,8 @@ def test_one_step_with_a_paged_cache(tmp_path, caplog):
         assert m["sampler/logp_diff_max"] < 1e-4 and all(np.isfinite(v) for v in m.values()), m
     assert paged_program._cache_size() == before + 2
     assert f"rollout.kv_pages=0 (auto): {need + 3 * 3} pages of 2 tokens per row shard" in caplog.text
+    assert "rollout.kv_page_size=2: the decode step's paged attention is XLA's (models/paged.py), from " \
+           "model.attention=auto on cpu" in caplog.text
 
 
 def test_one_step_with_a_shrinking_decode(tmp_path, monkeypatch):

@@ -63,6 +63,7 @@ def evaluate_run(c, source: str, workdir: str | None, step: int | None):
     setup.check_batch_fits(c, mesh)
     reward_fns = setup.build_rewards(evaluate.reward_config(c), mesh)
     model_path, tokenizer, mc, eos_ids, pad_id = setup.load_model_config(c)
+    setup.check_pool(c, mesh, mc)
     if source == "model":
         params, _ = setup.load_params(c, mc, model_path, mesh, jax.random.PRNGKey(c.seed))
     else:  # a LoRA run's adapters go on its base, read from model.path (or drawn from the seed)

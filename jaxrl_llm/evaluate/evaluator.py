@@ -30,7 +30,7 @@ from jaxrl_llm.data import bucket_length, left_pad, reward_columns
 from jaxrl_llm.data.reasoning_gym import TASK_COLUMN
 from jaxrl_llm.evaluate.estimators import majority_vote, summarize
 from jaxrl_llm.rewards import TrainerState, check_reward_parameters, compute_rewards, generation_fields
-from jaxrl_llm.sampling import generate, page_shards, pages_needed, pool_pages
+from jaxrl_llm.sampling import freeing_window, generate, page_shards, pages_needed, pool_pages
 
 EVAL_STREAM = 0x6576616C  # "eval": the evaluation's random numbers, apart from every training stream
 
@@ -215,7 +215,8 @@ class Evaluator:
         pages, _ = pool_pages(self.mc, kv_pages=c.rollout.kv_pages, page_size=c.rollout.kv_page_size,
                               prompt_length=prompt_length, max_new_tokens=c.rollout.max_new_tokens, prompts=prompts,
                               slots=slots, shards=shards)
-        need = pages_needed(prompt_length, c.rollout.max_new_tokens, prompts, shards, c.rollout.kv_page_size)
+        need = pages_needed(prompt_length, c.rollout.max_new_tokens, prompts, shards, c.rollout.kv_page_size,
+                            freeing_window(self.mc))
         return {"kv_page_size": c.rollout.kv_page_size, "kv_pages": max(pages, need)}
 
     def _sample(self, params, i: int, batch, longest: int):

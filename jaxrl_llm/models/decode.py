@@ -163,8 +163,9 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))  # as in `Block`
     if isinstance(cache, paged.Pool):  # the paged cache (sampling/paged.py): `index` is its paged.View
         cache = paged.write(cache, k.reshape(n, kvh, hd), v.reshape(n, kvh, hd), index, layer)
-        a = paged.attend(q.reshape(n, kvh, h // kvh, hd), cache, index, layer, c.attn_scale, c.attn_softcap,
-                         layer_window(c, sliding))
+        impl = paged.attention_impl(c.attention, jax.default_backend(), hd, cache.k.shape[-1])
+        a = paged_attention(impl, q.reshape(n, kvh, h // kvh, hd), cache, index, layer, c.attn_scale,
+                            c.attn_softcap, layer_window(c, sliding))
     else:
         ck, cv = _cache_write(cache, k.reshape(n, kvh, hd, 1), v, index, layer)  # keys transposed: (hd, T)
         cache = (ck, cv)
@@ -188,6 +189,23 @@ def decode_layer(config: ModelConfig, w: dict, x, cos, sin, cache, index, prefix
     x = constrain(x + (rms_norm(m, w["mlp_out_norm"], c.rms_norm_eps, off) if c.sandwich_norm
                                         else m), ("batch", "act_embed"))
     return (x, cache, experts) if return_routes and c.num_experts else (x, cache)
+
+
+def paged_attention(impl: str, q, pool: paged.Pool, view: paged.View, layer=None, scale=None, softcap=None,
+                    window=None):
+    """`paged.attend` by the implementation `impl`, one of paged.PAGED_IMPLS (`paged.attention_impl` chooses):
+    the same arguments and result."""
+    if impl == "xla":
+        return paged.attend(q, pool, view, layer, scale, softcap, window)
+    if impl not in paged.PAGED_IMPLS:
+        raise ValueError(f"paged attention {impl!r}: expected one of {', '.join(paged.PAGED_IMPLS)}")
+    from jaxrl_llm.models.paged_kernel import mesh_paged_attend  # Pallas kernels: imported where they run
+    kernel = None
+    if impl.startswith("triton"):
+        from jaxrl_llm.models.paged_kernel_gpu import triton_paged_attend
+        kernel = triton_paged_attend
+    return mesh_paged_attend(q, pool, view, layer, scale, softcap, window, kernel=kernel,
+                             interpret=impl.endswith("_interpret"))
 
 
 def _cache_write(cache, k, v, index, layer):

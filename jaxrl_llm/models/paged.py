@@ -12,11 +12,15 @@ A slot's logical keys are W = Pp + Wg pages (`View.table`): its prompt's Pp page
 the prompt, never copied) then its own completion's pages, taken as it grows. Key j of page w is logical
 key w*Z + j; the sampler gives every logical key its coordinate in [left-padded prompt ; completion] --
 prompt key p at p, completion token i at P + i -- and whether the slot may see it, so that masks and
-sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; it frees no page).
+sliding windows are exactly those of `attend_step` (a windowed layer masks old keys; the sampler frees
+their pages only when every layer is windowed, and a freed page's logical keys are always masked).
 
-XLA path: each slot's pages are gathered a block at a time (one layer at a time) and attended with an
-online float32 softmax, block after block, only as far as the longest row in flight; the gathered block
-is a transient, what stays allocated between steps is the pool.
+XLA path (`attend`): each slot's pages are gathered a block at a time (one layer at a time) and attended
+with an online float32 softmax, block after block, only as far as the longest row in flight; the gathered
+block is a transient, what stays allocated between steps is the pool. Pallas paths (models/paged_kernel.py
+on TPU, models/paged_kernel_gpu.py in Triton's form on GPU): the same attention by a kernel that reads each
+slot's pages through the page table itself and stops at the slot's own length. `attention_impl` chooses between them (models/decode.py `paged_attention` runs
+the chosen one).
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from jaxrl_llm.models.kernels import soft_cap
 
 
 BLOCK_PAGES = 8  # logical pages one step of `attend`'s loop reads
+# *_interpret: the kernel in Pallas' interpreter (CPU tests)
+PAGED_IMPLS = ("xla", "pallas", "pallas_interpret", "triton", "triton_interpret")
 
 
 class Pool(NamedTuple):
@@ -89,6 +95,40 @@ def gather(pool: Pool, table, layer=None):
     return keys, values
 
 
+def visible_keys(view: View, window=None):
+    """(S, W*Z) bool: the keys each slot attends to -- seen, and within the window by positions."""
+    visible = view.key_seen
+    if window is not None:
+        visible = visible & (view.query_pos[:, None] - view.key_pos < window)
+    return visible
+
+
+def page_counts(visible, page_size: int):
+    """(S,) int32: the logical pages through each slot's last visible key, at least 1 (a slot that sees no
+    key still reads one page, as the XLA path does, so that its output stays finite)."""
+    pages = visible.reshape(visible.shape[0], -1, page_size).any(axis=-1)  # (S,W)
+    last = jnp.max(jnp.where(pages, jnp.arange(1, pages.shape[1] + 1, dtype=jnp.int32), 0), axis=1)
+    return jnp.maximum(last, 1).astype(jnp.int32)
+
+
+def triton_fits(head_dim: int, page_size: int) -> bool:
+    """Whether the Triton-form kernel (models/paged_kernel_gpu.py) takes these shapes: Triton's block
+    shapes are powers of two and its dots at least 16 a side."""
+    return all(x >= 16 and x & (x - 1) == 0 for x in (head_dim, page_size))
+
+
+def attention_impl(name: str, backend: str, head_dim: int = 0, page_size: int = 0) -> str:
+    """The paged attention a decode step runs for `model.attention = name` on `backend`, where the other
+    passes take the backend's kernel: 'pallas' (models/paged_kernel.py) for auto or splash on a TPU,
+    'triton' (models/paged_kernel_gpu.py) for auto or cudnn on a GPU when `triton_fits` the head dim and
+    page size; else 'xla' (`attend`): on CPU, for xla and blockwise, and for the other GPU shapes."""
+    if backend == "tpu" and name in ("auto", "splash"):
+        return "pallas"
+    if backend == "gpu" and name in ("auto", "cudnn") and triton_fits(head_dim, page_size):
+        return "triton"
+    return "xla"
+
+
 def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, window=None,
            block_pages: int = BLOCK_PAGES):
     """Attention of one new token per slot over its pages. q (S,Hkv,Rq,hd) (Rq query heads per KV head);
@@ -104,10 +144,7 @@ def attend(q, pool: Pool, view: View, layer=None, scale=None, softcap=None, wind
     pad = -(-w // bp) * bp - w
     spare = pool.k.shape[-4] - 1  # page M: never read as a key (masked here)
     table = jnp.pad(view.table, ((0, 0), (0, pad)), constant_values=spare)
-    visible = view.key_seen
-    if window is not None:
-        visible = visible & (view.query_pos[:, None] - view.key_pos < window)
-    visible = jnp.pad(visible, ((0, 0), (0, pad * z)))
+    visible = jnp.pad(visible_keys(view, window), ((0, 0), (0, pad * z)))
     blocks = jnp.clip(-(-view.pages_in_use // bp), 1, table.shape[1] // bp)
 
     def block(b, carry):

@@ -31,11 +31,11 @@ from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.sampling.batch import Rollout, generate_program, shrink_phases
 from jaxrl_llm.sampling.draw import (argmax, categorical, check_penalties, draw_tokens, mark, penalize, row_uniforms,
                                      seen_tokens)
-from jaxrl_llm.sampling.paged import paged_program, pages_needed, pool_pages
+from jaxrl_llm.sampling.paged import freeing_window, paged_program, pages_needed, pool_pages
 from jaxrl_llm.sampling.slots import slots_program
 from jaxrl_llm.sharding import batch_divisor
 
-__all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "paged_program", "pages_needed", "pool_pages", "page_shards", "argmax", "categorical",
+__all__ = ["Rollout", "generate", "generate_program", "shrink_phases", "slots_program", "paged_program", "freeing_window", "pages_needed", "pool_pages", "page_shards", "argmax", "categorical",
            "draw_tokens", "row_uniforms", "seen_tokens", "mark", "penalize", "check_penalties"]
 
 
@@ -80,11 +80,14 @@ def _check(config, prompts, prompt_mask, max_new_tokens, num_samples, temperatur
     if kv_page_size and not decode_slots:
         raise ValueError("kv_page_size > 0 pages the continuous-batching sampler's cache: it needs decode_slots > 0")
     if kv_page_size:
-        need = pages_needed(prompts.shape[1], max_new_tokens, prompts.shape[0], shards, kv_page_size)
+        window = freeing_window(config)
+        need = pages_needed(prompts.shape[1], max_new_tokens, prompts.shape[0], shards, kv_page_size, window)
         if not isinstance(kv_pages, (int, np.integer)) or kv_pages < need:
             raise ValueError(f"kv_pages={kv_pages!r} per row shard is fewer than the {need} pages of {kv_page_size} "
                              f"tokens its {prompts.shape[0] // shards} prompts of {prompts.shape[1]} tokens and one "
-                             f"row of {max_new_tokens} new tokens need")
+                             f"row of {max_new_tokens} new tokens need"
+                             + (f" (with the pages every layer's sliding window of {window} has passed freed)"
+                                if window else ""))
     total = prompts.shape[1] + max_new_tokens
     if total > config.max_position_embeddings:
         raise ValueError(f"prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds "

@@ -19,6 +19,14 @@ shard's prompts, so every page a slot reads is on its chip. One XLA program per 
      plus one row's Wg = ceil(T/Z) pages, checked at start-up), so the loop always ends;
   3. when a row ends its pages go back to the free list, and when the last row of a prompt ends, so do
      the prompt's pages; the slot takes its shard's next pending row, as in `slots`.
+A model whose every layer is windowed (`freeing_window`: Mistral-style, a sliding window W and no full
+layer) frees what the window has passed. A completion page goes back as soon as no later query of its
+row sees any of its keys (`passed_pages`), before the step's grants. A prompt's pages are shared by its
+G rows, and a restarted row starts over at its first token: the prompt pages its first token does not
+see (`prompt_pages_passed`) are never stored, the others stay until the prompt's last row ends. A row
+then holds at most `row_pages` completion pages at once (about W/Z + 1), and the start-up check asks for
+that instead of Wg. A model mixing windowed and full layers (Gemma-style) frees nothing: its full layers
+read every key, and one page holds a token's keys of every layer.
 Each row's tokens, log-probs and MoE routes are those of `slots` for every S, Z and M (up to float
 rounding of differently shaped products): tests/test_sampling_paged.py. Memory: M+1 pages per shard and
 layer, and one layer's gathered keys/values (S x W*Z) while a step runs (the XLA path; docs/sampling.md).
@@ -33,15 +41,53 @@ import jax.numpy as jnp
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models import paged
 from jaxrl_llm.models.layout import constrain
-from jaxrl_llm.models.lm import decode_logits, decode_layer_weights, decode_step, decode_unrolled, prefill
-from jaxrl_llm.models.moe import NO_ROUTE, unrecorded_routes
+from jaxrl_llm.models.lm import decode_logits, decode_layer_weights, decode_step, decode_unrolled
+from jaxrl_llm.models.moe import NO_ROUTE
 from jaxrl_llm.sampling.batch import Rollout
-from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
+from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms
+from jaxrl_llm.sampling.slots import prefill_and_first
 
 
-def pages_needed(prompt_length: int, max_new_tokens: int, num_prompts: int, shards: int, page_size: int) -> int:
-    """The fewest pages a row shard's pool may hold: all of its prompts' pages plus one row's completion."""
-    return num_prompts // shards * -(-prompt_length // page_size) + -(-max_new_tokens // page_size)
+def freeing_window(config) -> int | None:
+    """The sliding window past which no layer reads a key again, so its pages may be freed: the model's
+    `sliding_window` when every layer is windowed, else None. A model mixing windowed and full layers
+    keeps every page: its full layers read every key to the end of the row, and one page holds a token's
+    keys of all layers (a pool per layer kind would free the windowed layers' half)."""
+    return config.sliding_window if config.sliding_window is not None and all(config.sliding_layers) else None
+
+
+def passed_pages(t, window: int, page_size: int):
+    """How many of a row's first completion pages no layer reads again once the row is at token t (the
+    query at coordinate P + t and every later one): key i is past when t - i >= window, so page j (keys
+    jZ..jZ+Z-1) when (j+1)Z <= t - window + 1. t int or int32 array; returns the same."""
+    return jnp.maximum((t - window + 1) // page_size, 0)
+
+
+def prompt_pages_passed(prompt_length: int, window: int | None, page_size: int) -> int:
+    """How many of a prompt's first pages no row of it ever reads (None: no window frees any): prompt
+    key c (at coordinate c < P) is past for the first query (P) already when P - c >= window. The last
+    page is always kept (it holds the prompt's last key, which the first query sees)."""
+    if window is None:
+        return 0
+    return min(-(-prompt_length // page_size) - 1, max(0, (prompt_length - window + 1) // page_size))
+
+
+def row_pages(max_new_tokens: int, page_size: int, window: int | None = None) -> int:
+    """The most completion pages one row holds at once: all ceil(T/Z), or with a freeing window, from the
+    first page its token t still sees to the one t is written in, at the worst t. Past t = window - 1 the
+    count is periodic in t with period Z, so the last window + Z tokens reach the worst."""
+    if window is None:
+        return -(-max_new_tokens // page_size)
+    return max(t // page_size + 1 - int(passed_pages(t, window, page_size))
+               for t in range(max(0, max_new_tokens - window - page_size), max_new_tokens))
+
+
+def pages_needed(prompt_length: int, max_new_tokens: int, num_prompts: int, shards: int, page_size: int,
+                 window: int | None = None) -> int:
+    """The fewest pages a row shard's pool may hold: all of its prompts' pages plus one row's completion --
+    with a freeing window (`freeing_window`), only the pages a row still reads."""
+    prompt = -(-prompt_length // page_size) - prompt_pages_passed(prompt_length, window, page_size)
+    return num_prompts // shards * prompt + row_pages(max_new_tokens, page_size, window)
 
 
 def page_bytes(config, page_size: int, tensor: int = 1) -> int:
@@ -56,8 +102,9 @@ def pool_pages(config, *, kv_pages: int, page_size: int, prompt_length: int, max
     given; 0 (auto) is what half of `free_bytes` (the memory a chip has left with parameters and optimizer
     in place; None where the backend does not say, e.g. CPU) holds, at least the fewest the sampler
     accepts and at most what every slot's full row needs (more would never be used)."""
-    need = pages_needed(prompt_length, max_new_tokens, prompts, shards, page_size)
-    full = need + (slots // shards - 1) * -(-max_new_tokens // page_size)
+    window = freeing_window(config)
+    need = pages_needed(prompt_length, max_new_tokens, prompts, shards, page_size, window)
+    full = need + (slots // shards - 1) * row_pages(max_new_tokens, page_size, window)
     per_page = page_bytes(config, page_size, tensor)
     gib = lambda pages: f"{pages * per_page / 2 ** 30:.3g} GiB per chip"
     if kv_pages:
@@ -76,6 +123,13 @@ def _push(free, count, ids, keep):
     """The free list (M,) with the pages `ids` (K,) where `keep` pushed on top of its `count` entries."""
     at = jnp.where(keep, count + jnp.cumsum(keep) - 1, free.shape[0])
     return free.at[at].set(ids, mode="drop"), count + jnp.sum(keep, dtype=jnp.int32)
+
+
+def _release(free, count, own, start, stop):
+    """One shard's free list (M,), count () with each slot's completion pages start..stop-1 pushed.
+    own (s,Wg) the slots' completion pages; start, stop (s,) int32."""
+    j = jnp.arange(own.shape[-1])
+    return _push(free, count, own.reshape(-1), ((j >= start[:, None]) & (j < stop[:, None])).reshape(-1))
 
 
 def _grant(row, t, held, free, count, page_size, idle):
@@ -105,6 +159,8 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     bl, nl, sl = b // r, n // r, s // r  # per shard: prompts, rows, slots
     pp, wg = -(-p // z), -(-t_max // z)  # prompt pages, a row's completion pages
     w = pp + wg
+    window = freeing_window(config)  # None: no page is freed before its row (or prompt) ends
+    pk = pp - prompt_pages_passed(p, window, z)  # the prompt pages kept: its last pk
     draw = functools.partial(draw_tokens, None, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
                              nucleus=nucleus, penalty=penalty, min_p=min_p if use_min_p else None)
     eos = jnp.asarray(eos_ids, jnp.int32)
@@ -113,28 +169,19 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
     # 1. prefill once per prompt; the first token of every row (as `slots`).
     moe = config.num_experts > 0
-    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
-                                                return_routes=moe)
-    prompt_len = jnp.sum(prompt_mask, axis=-1)
-    last_logits = decode_logits(config, params, hidden[:, -1])
-    rows = jnp.arange(n, dtype=jnp.int32)
-    seen0 = seen_tokens(prompts, prompt_mask, config.vocab_size) if penalize else None  # (B,V)
-    seen = jnp.repeat(seen0, g, axis=0) if penalize else None
     offset = 0 if row_block is None else row_block[0]
-    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows + offset, 0 * rows),
-                              seen=seen)
-    seen = None if seen is None else mark(seen, rows, first)
-    tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
-    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
-    mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
-    routes = unrecorded_routes(config, n, t_max) if moe else None
+    prefix_kv, prompt_routes, prompt_len, first, seen0, seen, tokens, logprobs, mask, routes = prefill_and_first(
+        config, params, prompts, prompt_mask, rng, draw, num_samples=g, max_new_tokens=t_max, pad_id=pad_id,
+        penalize=penalize, offset=offset)
 
-    # The pools: each prompt's keys/values in its shard's pages b*Pp..b*Pp+Pp-1, the rest free, page M spare.
+    # The pools: each prompt's kept keys/values in its shard's pages b*Pk..b*Pk+Pk-1, the rest free, page M
+    # spare. A window's passed prompt pages are never stored: their logical pages point at page M (masked).
     def pool_of(x, keys: bool):  # (L,B,P,Hkv,hd) -> (L,R,M+1,Hkv,hd,Z) keys / (L,R,M+1,Hkv,Z,hd) values
         lead, kvh, hd = x.shape[0], x.shape[3], x.shape[4]
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, pp * z - p), (0, 0), (0, 0))).reshape(lead, r, bl * pp, z, kvh, hd)
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, pp * z - p), (0, 0), (0, 0))).reshape(lead, r, bl, pp, z, kvh, hd)
+        x = x[:, :, :, pp - pk:].reshape(lead, r, bl * pk, z, kvh, hd)
         x = x.transpose(0, 1, 2, 4, 5, 3) if keys else x.transpose(0, 1, 2, 4, 3, 5)
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, m + 1 - bl * pp), (0, 0), (0, 0), (0, 0)))
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, m + 1 - bl * pk), (0, 0), (0, 0), (0, 0)))
         return constrain(x, ("layers", "batch", None, "act_heads", None, None))
     pool = paged.Pool(pool_of(prefix_kv[0], True), pool_of(prefix_kv[1], False))
     del prefix_kv
@@ -151,17 +198,20 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     queue = jnp.where(local < jnp.sum(pending, axis=1, keepdims=True),
                       jnp.argsort(~pending, axis=1, stable=True), nl).astype(jnp.int32)  # (R,nl)
     left = jnp.sum(pending.reshape(r, bl, g), axis=-1, dtype=jnp.int32)  # (R,bl)
-    prompt_pages = jnp.arange(bl * pp, dtype=jnp.int32).reshape(bl, pp)
+    prompt_pages = jnp.arange(bl * pk, dtype=jnp.int32).reshape(bl, pk)
     empty = jnp.full((r, m), m, jnp.int32)
     free, count = jax.vmap(_push)(empty, jnp.zeros((r,), jnp.int32),
                                   jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (r, m)),
-                                  jnp.broadcast_to(jnp.arange(m) >= bl * pp, (r, m)))
-    free, count = jax.vmap(_push)(free, count, jnp.broadcast_to(prompt_pages.reshape(-1), (r, bl * pp)),
-                                  jnp.repeat(left == 0, pp, axis=1))  # prompts none of whose rows decode
+                                  jnp.broadcast_to(jnp.arange(m) >= bl * pk, (r, m)))
+    free, count = jax.vmap(_push)(free, count, jnp.broadcast_to(prompt_pages.reshape(-1), (r, bl * pk)),
+                                  jnp.repeat(left == 0, pk, axis=1))  # prompts none of whose rows decode
     slot_row = queue[:, :sl]
-    table_of = lambda row: jnp.concatenate(  # a slot's prompt pages, then its completion's (none yet: page M)
-        [prompt_pages[jnp.minimum(row, nl - 1) // g], jnp.full((*row.shape, wg), m, jnp.int32)], axis=-1)
+    table_of = lambda row: jnp.concatenate(  # a slot's prompt pages (passed ones: page M), then its completion's
+        [jnp.full((*row.shape, pp - pk), m, jnp.int32), prompt_pages[jnp.minimum(row, nl - 1) // g],
+         jnp.full((*row.shape, wg), m, jnp.int32)], axis=-1)  # (none yet: page M)
+    # held: completion pages taken; gone: how many of the first of them the window has freed.
     state = dict(row=slot_row, t=jnp.zeros((r, sl), jnp.int32), held=jnp.zeros((r, sl), jnp.int32),
+                 gone=jnp.zeros((r, sl), jnp.int32),
                  token=jnp.take(first, jnp.minimum(global_row(slot_row), n - 1)), table=table_of(slot_row),
                  free=free, count=count, nxt=jnp.full((r,), sl, jnp.int32), left=left, pool=pool,
                  restarts=jnp.zeros((), jnp.int32), peak=jnp.max(m - count), tokens=tokens, logprobs=logprobs,
@@ -169,9 +219,13 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     key = jnp.arange(w * z, dtype=jnp.int32)  # logical keys: prompt pages' then the completion's
 
     def body(st):
-        row, t, held, table = st["row"], st["t"], st["held"], st["table"]
-        page, steps, count = jax.vmap(functools.partial(_grant, page_size=z, idle=nl))(
-            row, t, held, st["free"], st["count"])
+        row, t, held, gone, table = st["row"], st["t"], st["held"], st["gone"], st["table"]
+        free, count = st["free"], st["count"]
+        if window is not None:  # pages no later query of the row reads go back before this step's grants
+            passed = jnp.where(row < nl, jnp.minimum(passed_pages(t, window, z), held), gone)
+            free, count = jax.vmap(_release)(free, count, table[..., pp:], gone, passed)
+            gone = passed
+        page, steps, count = jax.vmap(functools.partial(_grant, page_size=z, idle=nl))(row, t, held, free, count)
         after_grant = count
         col = jnp.minimum(pp + held, w - 1)
         table = jnp.where((jnp.arange(w) == col[..., None]) & (page >= 0)[..., None], page[..., None], table)
@@ -179,7 +233,7 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         active = row < nl
         # A shard whose every row waits: its newest row holding pages starts over (module docstring, 2).
         stalled = jnp.any(active, axis=1) & ~jnp.any(steps, axis=1)  # (R,)
-        victim = jnp.argmax(jnp.where(active & (held > 0), row, -1), axis=1)
+        victim = jnp.argmax(jnp.where(active & (held > gone), row, -1), axis=1)
         restart = stalled[:, None] & (jnp.arange(sl) == victim[:, None])  # (R,s)
 
         # The decode step of all S slots; a slot that does not step writes to the spare page M.
@@ -230,15 +284,13 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
         # Pages back: those of ended and restarted rows; a prompt's when its last row ends.
         done = finished | restart
-        own = table[..., pp:]  # (R,s,Wg)
-        back = done[..., None] & (jnp.arange(wg) < held[..., None])
-        free, count = jax.vmap(_push)(st["free"], count, own.reshape(r, -1), back.reshape(r, -1))
+        free, count = jax.vmap(_release)(free, count, table[..., pp:], gone, jnp.where(done, held, gone))
         local_prompt = jnp.minimum(row, nl - 1) // g
         left = st["left"] - jax.vmap(lambda lp, f: jnp.zeros((bl,), jnp.int32).at[lp].add(f.astype(jnp.int32)))(
             local_prompt, finished)
         ended = (left == 0) & (st["left"] > 0)  # (R,bl)
-        free, count = jax.vmap(_push)(free, count, jnp.broadcast_to(prompt_pages.reshape(-1), (r, bl * pp)),
-                                      jnp.repeat(ended, pp, axis=1))
+        free, count = jax.vmap(_push)(free, count, jnp.broadcast_to(prompt_pages.reshape(-1), (r, bl * pk)),
+                                      jnp.repeat(ended, pk, axis=1))
 
         # Refill the ended slots from the shard's queue; a restarted slot keeps its row, from token 0.
         nxt = st["nxt"]
@@ -248,9 +300,9 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
         token = jnp.where(done, jnp.take(first, jnp.minimum(global_row(row), n - 1)),
                           jnp.where(steps, new, st["token"]))
         t = jnp.where(done, 0, jnp.where(steps, t + 1, t))
-        held = jnp.where(done, 0, held)
+        held, gone = jnp.where(done, 0, held), jnp.where(done, 0, gone)
         table = jnp.where(finished[..., None], table_of(row), table)
-        return dict(row=row, t=t, held=held, token=token, table=table, free=free, count=count,
+        return dict(row=row, t=t, held=held, gone=gone, token=token, table=table, free=free, count=count,
                     nxt=nxt + jnp.sum(finished, axis=1, dtype=jnp.int32), left=left, pool=pool,
                     restarts=st["restarts"] + jnp.sum(stalled, dtype=jnp.int32),
                     peak=jnp.maximum(st["peak"], jnp.max(m - after_grant)), tokens=tokens, logprobs=logprobs,
@@ -262,5 +314,5 @@ def paged_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     return Rollout(tokens=tokens, logprobs=state["logprobs"][:, 0], behavior_logprobs=state["logprobs"][:, 1],
                    mask=mask, lengths=jnp.sum(mask, axis=-1), truncated=~ended,
                    prompt_tokens=jnp.repeat(prompts, g, axis=0), prompt_mask=jnp.repeat(prompt_mask, g, axis=0),
-                   routes=state["routes"], prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None,
+                   routes=state["routes"], prompt_routes=jnp.repeat(prompt_routes, g, axis=1) if moe else None,
                    page_stats=jnp.stack([state["restarts"], state["peak"]]))

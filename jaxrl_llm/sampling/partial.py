@@ -16,7 +16,7 @@ A round, with the parameters of policy version `version`:
      static: the first round of a run has none), and the row goes on at cache index n-1 exactly as if
      it had never stopped -- the decode step, its window and positions are the slots sampler's;
   3. the slots sampler's loop (sampling/slots.py), until at least `need` groups have all their rows done
-     (or no slot holds a row).
+     and so have the groups `hold` names (or no slot holds a row).
 Rows in flight at the stop keep their tokens. Only rows that held a slot hold two tokens or more, and
 they are queued first: the next round's first S queued rows include every row that needs its cache.
 
@@ -32,10 +32,20 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.compile_options import jit
 from jaxrl_llm.models.lm import decode_logits, decode_prepare, decode_rows, decode_step, init_cache, prefill
 from jaxrl_llm.sampling.draw import draw_tokens, mark, seen_tokens
+
+
+def resumes(lengths, done, slots: int) -> bool:
+    """Whether a round on rows with these `lengths`, `done` (R,) (host arrays) resumes rows holding two
+    tokens or more; refuses more such rows than `slots` (they must all hold a slot at the round's start)."""
+    holding = int(np.sum((lengths >= 2) & ~done))
+    if holding > slots:
+        raise ValueError(f"{holding} rows in flight hold tokens, more than the {slots} slots")
+    return bool(np.any(lengths >= 2))
 
 
 def keyed_uniforms(keys, rows, steps):
@@ -48,13 +58,15 @@ def keyed_uniforms(keys, rows, steps):
 @functools.partial(jit, static_argnames=("config", "num_samples", "slots", "top_k", "greedy", "nucleus", "eos_ids",
                                          "penalize", "use_min_p", "resume"))
 def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, logprobs, versions, lengths, done,
-                  version, need, temperature, top_p, penalty=1.0, min_p=0.0, *, num_samples, slots, top_k, greedy,
-                  nucleus, eos_ids, penalize=False, use_min_p=False, resume=False):
+                  version, need, hold, temperature, top_p, penalty=1.0, min_p=0.0, routes=None, *, num_samples, slots,
+                  top_k, greedy, nucleus, eos_ids, penalize=False, use_min_p=False, resume=False):
     """One round (the module docstring). prompts, prompt_mask (Q,P) int32; keys (Q,2) uint32, each prompt's
     rows' key; stream (R,) int32; tokens, logprobs, versions, lengths, done as in the module docstring;
-    version, need int32 scalars. Returns (tokens, logprobs, versions, lengths, done, finish (R,) int32: the
-    loop iteration at which each row ended in this round (0: at its first token; -1: not in this round),
-    iterations: the decode steps run)."""
+    version, need int32 scalars; hold (Q,) bool: groups the round may not stop before they are done. routes (L,R,T,k) int32 or None: MoE, the experts each fed token was routed
+    to (`moe.unrecorded_routes` where none yet): every token fed in this round records this version's.
+    Returns (tokens, logprobs, versions, lengths, done, finish (R,) int32: the loop iteration at which each
+    row ended in this round (0: at its first token; -1: not in this round), iterations: the decode steps
+    run, routes, prompt_routes (L,Q,P,k): this round's experts of the prompts; both None without routes)."""
     q, p_len = prompts.shape
     r, t_max = tokens.shape
     g, s = num_samples, slots
@@ -69,7 +81,9 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
     drawn = jnp.arange(t_max)[None] < lengths[:, None]  # (R,T) the tokens each row already holds
 
     # 1. the prompts once; the first token of every row not started.
-    hidden, prefix_kv = prefill(config, params, prompts, prompt_mask, with_lm_head=False)
+    moe = routes is not None
+    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
+                                                return_routes=moe)
     prefix_mask = prompt_mask.astype(bool)
     prompt_len = jnp.sum(prompt_mask, axis=-1)
     last_logits = decode_logits(config, params, hidden[:, -1])  # (Q,V)
@@ -109,13 +123,15 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
     token0 = jnp.take_along_axis(jnp.take(tokens, jnp.minimum(slot_row, r - 1), axis=0), t0[:, None], 1)[:, 0]
     groups_done = lambda d: jnp.sum(jnp.all(d.reshape(q, g), axis=-1))
     state = (slot_row, t0, token0, jnp.int32(s), decode_rows(config, prefix, prompt_of(slot_row)), cache,
-             tokens, logprobs, versions, lengths, done, finish, seen, jnp.int32(0))
+             tokens, logprobs, versions, lengths, done, finish, seen, jnp.int32(0), routes)
 
     def body(state):
-        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, versions, lengths, done, finish, seen, it = state
+        row, t, token, nxt, slot_prefix, cache, tokens, logprobs, versions, lengths, done, finish, seen, it, routes = state
         active, prompt = row < r, prompt_of(row)
-        hidden, cache = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache, t,
-                                    slot_prefix, jnp.take(prefix_mask, prompt, axis=0))
+        hidden, cache, *experts = decode_step(config, params, weights, token, jnp.take(prompt_len, prompt) + t, cache,
+                                              t, slot_prefix, jnp.take(prefix_mask, prompt, axis=0), return_routes=moe)
+        if moe:  # the experts (L,S,k) of each slot's token t -> routes[:, row, t] (an idle slot's: dropped)
+            routes = routes.at[:, row, t].set(experts[0], mode="drop")
         logits = decode_logits(config, params, hidden)
         new, logp, blogp = draw(logits, uniform=uniforms(row, t + 1),
                                 seen=None if seen is None else jnp.take(seen, jnp.minimum(row, r - 1), axis=0))
@@ -136,40 +152,41 @@ def round_program(config, params, prompts, prompt_mask, keys, stream, tokens, lo
         slot_prefix = jax.lax.cond(jnp.any(finished), lambda p: decode_rows(config, prefix, prompt_of(row)),
                                    lambda p: p, slot_prefix)
         return (row, t, token, nxt + jnp.sum(finished), slot_prefix, cache, tokens, logprobs, versions, lengths,
-                done, finish, seen, it + 1)
+                done, finish, seen, it + 1, routes)
 
-    go = lambda st: jnp.any(st[0] < r) & (groups_done(st[10]) < need)
+    held = lambda d: jnp.any(hold & ~jnp.all(d.reshape(q, g), axis=-1))
+    go = lambda st: jnp.any(st[0] < r) & ((groups_done(st[10]) < need) | held(st[10]))
     state = jax.lax.while_loop(go, body, state)
-    tokens, logprobs, versions, lengths, done, finish, _, iterations = state[6:]
-    return tokens, logprobs, versions, lengths, done, finish, iterations
+    tokens, logprobs, versions, lengths, done, finish, _, iterations, routes = state[6:]
+    return tokens, logprobs, versions, lengths, done, finish, iterations, routes, prompt_routes[0] if moe else None
 
 
 def run_round(config, params, prompts, prompt_mask, keys, table: dict, version: int, need: int, *, max_new_tokens,
               num_samples, slots, eos_ids, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
-              min_p=0.0) -> dict:
+              min_p=0.0, hold=None, resume=None) -> dict:
     """`round_program` on a table of rows (host or device arrays: stream, tokens, logprobs, versions,
-    lengths, done); returns the table after the round, with `finish` and `iterations`. Refuses a table
-    that does not fit the slots' rule (more rows holding two tokens or more than slots)."""
-    lengths = jnp.asarray(table["lengths"])
-    resume = bool(jnp.any(lengths >= 2))
-    if int(jnp.sum((lengths >= 2) & ~jnp.asarray(table["done"]))) > slots:
-        raise ValueError(f"{int(jnp.sum(lengths >= 2))} rows in flight hold tokens, more than the {slots} slots")
+    lengths, done; MoE with `routes` (L,R,T,k): recorded) and `hold` (Q,) bool (None: none held); returns
+    the table after the round, with `finish` and `iterations`. `resume` (static): whether any row holds two
+    tokens or more; None: read from the table (host arrays), which `resumes` checks."""
+    if resume is None:
+        resume = resumes(np.asarray(table["lengths"]), np.asarray(table["done"]), slots)
     out = round_program(config, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_mask, jnp.int32),
                         jnp.asarray(keys, jnp.uint32), jnp.asarray(table["stream"], jnp.int32),
                         jnp.asarray(table["tokens"], jnp.int32), jnp.asarray(table["logprobs"], jnp.float32),
-                        jnp.asarray(table["versions"], jnp.int32), lengths.astype(jnp.int32),
+                        jnp.asarray(table["versions"], jnp.int32), jnp.asarray(table["lengths"], jnp.int32),
                         jnp.asarray(table["done"], bool), jnp.int32(version), jnp.int32(need),
+                        jnp.zeros(len(prompts), bool) if hold is None else jnp.asarray(hold, bool),
                         jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p), jnp.float32(repetition_penalty),
                         jnp.float32(min_p), num_samples=int(num_samples), slots=int(slots), top_k=int(top_k),
                         greedy=temperature == 0, nucleus=top_p < 1.0, eos_ids=tuple(int(e) for e in eos_ids),
+                        routes=None if table.get("routes") is None else jnp.asarray(table["routes"], jnp.int32),
                         penalize=repetition_penalty != 1.0, use_min_p=min_p > 0, resume=resume)
-    names = ("tokens", "logprobs", "versions", "lengths", "done", "finish", "iterations")
+    names = ("tokens", "logprobs", "versions", "lengths", "done", "finish", "iterations", "routes", "prompt_routes")
     return {**table, **dict(zip(names, out))}
 
 
 def empty_rows(rows: int, max_new_tokens: int, pad_id: int) -> dict:
     """A table of `rows` rows not started (NumPy), stream 0..rows-1."""
-    import numpy as np
     return {"stream": np.arange(rows, dtype=np.int32), "tokens": np.full((rows, max_new_tokens), pad_id, np.int32),
             "logprobs": np.zeros((rows, 2, max_new_tokens), np.float32),
             "versions": np.zeros((rows, max_new_tokens), np.int32), "lengths": np.zeros(rows, np.int32),

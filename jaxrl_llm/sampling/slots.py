@@ -27,6 +27,7 @@ token t of all rows from one key.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,56 @@ from jaxrl_llm.models.lm import (decode_logits, decode_prepare, decode_rows, dec
 from jaxrl_llm.models.moe import unrecorded_routes
 from jaxrl_llm.sampling.batch import Rollout
 from jaxrl_llm.sampling.draw import draw_tokens, mark, row_uniforms, seen_tokens
+
+
+class Start(NamedTuple):
+    """What both continuous-batching samplers (this one and sampling/paged.py) start from. Shapes as in the
+    module docstring; L layers, V the vocabulary.
+
+    prefix_kv: the prompts' keys/values as `models.lm.prefill` gives them (L,B,P,Hkv,hd) each;
+    prompt_routes (L,B,P,k) int32, the prompts' experts (None without MoE); prompt_len (B,) the position of
+    each prompt's first new token; first (N,) int32 each row's first token; seen0 (B,V) the repetition
+    penalty's set of each prompt's tokens and seen (N,V) each row's with its first token (None: no penalty);
+    tokens (N,T), logprobs (N,2,T) float32 [new policy, behaviour], mask (N,T) int32: the records, column 0
+    filled; routes (L,N,T,k) the rows' experts, unrecorded (None without MoE)."""
+    prefix_kv: tuple
+    prompt_routes: jax.Array | None
+    prompt_len: jax.Array
+    first: jax.Array
+    seen0: jax.Array | None
+    seen: jax.Array | None
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    routes: jax.Array | None
+
+
+def prefill_and_first(config, params, prompts, prompt_mask, rng, draw, *, num_samples, max_new_tokens, pad_id,
+                      penalize, offset) -> Start:
+    """Prefill once per prompt and draw the first token of every row from its prompt's last logits, from
+    the row's own stream (`draw.row_uniforms` at t = 0); `draw` is `draw_tokens` with the sampling mode
+    bound. prompts, prompt_mask (B,P). The same start for the slots and the paged sampler, so their rows
+    agree from the first token."""
+    g, t_max = num_samples, max_new_tokens
+    n = prompts.shape[0] * g
+    moe = config.num_experts > 0  # record each token's experts (Rollout.routes) for routing replay
+    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
+                                                return_routes=moe)
+    prompt_len = jnp.sum(prompt_mask, axis=-1)  # (B,) position of each prompt's first new token
+    last_logits = decode_logits(config, params, hidden[:, -1])  # (B,V)
+    rows = jnp.arange(n, dtype=jnp.int32)
+    # The repetition penalty's set of every row (None: off): its prompt's tokens, then each token it draws.
+    seen0 = seen_tokens(prompts, prompt_mask, config.vocab_size) if penalize else None
+    seen = None if seen0 is None else jnp.repeat(seen0, g, axis=0)
+    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows + offset, 0 * rows),
+                              seen=seen)
+    seen = None if seen is None else mark(seen, rows, first)
+    tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
+    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
+    mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
+    routes = unrecorded_routes(config, n, t_max) if moe else None
+    return Start(prefix_kv, prompt_routes[0] if moe else None, prompt_len, first, seen0, seen, tokens, logprobs, mask,
+                 routes)
 
 
 @functools.partial(jit, static_argnames=("config", "max_new_tokens", "num_samples", "slots", "top_k", "greedy",
@@ -55,22 +106,12 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
 
     # 1-2. prefill once per prompt; the first token of every row.
     moe = config.num_experts > 0  # record each token's experts (Rollout.routes) for routing replay
-    hidden, prefix_kv, *prompt_routes = prefill(config, params, prompts, prompt_mask, with_lm_head=False,
-                                                return_routes=moe)
-    prefix_mask = prompt_mask.astype(bool)
-    prompt_len = jnp.sum(prompt_mask, axis=-1)  # (B,) position of each prompt's first new token
-    last_logits = decode_logits(config, params, hidden[:, -1])  # (B,V)
-    rows = jnp.arange(n, dtype=jnp.int32)
-    # The repetition penalty's set of every row (None: off): its prompt's tokens, then each token it draws.
-    seen = (jnp.repeat(seen_tokens(prompts, prompt_mask, config.vocab_size), g, axis=0) if penalize else None)
     offset = 0 if row_block is None else row_block[0]
-    first, logp, blogp = draw(jnp.repeat(last_logits, g, axis=0), uniform=row_uniforms(rng, rows + offset, 0 * rows),
-                              seen=seen)
-    seen = None if seen is None else mark(seen, rows, first)
-    tokens = jnp.full((n, t_max), pad_id, jnp.int32).at[:, 0].set(first)
-    logprobs = jnp.zeros((n, 2, t_max), jnp.float32).at[:, :, 0].set(jnp.stack([logp, blogp], 1))
-    mask = jnp.zeros((n, t_max), jnp.int32).at[:, 0].set(1)
-    routes = unrecorded_routes(config, n, t_max) if moe else None
+    prefix_kv, prompt_routes, prompt_len, first, _, seen, tokens, logprobs, mask, routes = prefill_and_first(
+        config, params, prompts, prompt_mask, rng, draw, num_samples=g, max_new_tokens=t_max, pad_id=pad_id,
+        penalize=penalize, offset=offset)
+    prefix_mask = prompt_mask.astype(bool)
+    rows = jnp.arange(n, dtype=jnp.int32)
 
     # The rows still to decode, in row order, then the sentinel n ("no row": an idle slot).
     pending = ~jnp.isin(first, eos) & (t_max > 1)
@@ -119,4 +160,4 @@ def slots_program(config, params, prompts, prompt_mask, rng, temperature, top_p,
     return Rollout(tokens=tokens, logprobs=logprobs[:, 0], behavior_logprobs=logprobs[:, 1], mask=mask,
                    lengths=jnp.sum(mask, axis=-1), truncated=~ended, prompt_tokens=jnp.repeat(prompts, g, axis=0),
                    prompt_mask=jnp.repeat(prompt_mask, g, axis=0), routes=routes,
-                   prompt_routes=jnp.repeat(prompt_routes[0], g, axis=1) if moe else None)
+                   prompt_routes=jnp.repeat(prompt_routes, g, axis=1) if moe else None)

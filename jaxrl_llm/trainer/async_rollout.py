@@ -76,11 +76,15 @@ def staleness_metrics(p: Produced) -> dict[str, float]:
     """`rollout/staleness/{mean,max}`: steps between the consuming step and each row's policy version;
     with partial rollouts (`token_versions`), each token's: the mean over the completions' tokens, the
     max the oldest token's (`min_token` the newest's)."""
-    if "token_versions" in p.local:
+    if "token_versions" in p.local:  # over every process's rows (a collective: the trainer's thread)
         mask = np.asarray(p.local["mask"]) > 0
         lag = p.step - np.asarray(p.local["token_versions"], np.float64)[mask]
-        return {"rollout/staleness/mean": float(lag.mean()), "rollout/staleness/max": float(lag.max()),
-                "rollout/staleness/min_token": float(lag.min())}
+        if not lag.size:  # a host whose rows are all empty
+            lag = np.array([np.nan])
+        total, count, high, low = dist.allgather_rows(
+            np.array([[np.nansum(lag), np.sum(~np.isnan(lag)), np.nanmax(lag), np.nanmin(lag)]])).T
+        return {"rollout/staleness/mean": float(total.sum() / max(count.sum(), 1)),
+                "rollout/staleness/max": float(np.nanmax(high)), "rollout/staleness/min_token": float(np.nanmin(low))}
     lag = p.step - np.asarray(p.local["policy_version"], np.float64)
     return {"rollout/staleness/mean": float(lag.mean()), "rollout/staleness/max": float(lag.max())}
 

@@ -95,6 +95,7 @@ class Trainer:
         wd = prepare_workdir(workdir, c)
         self.reward_fns = setup.build_rewards(c, self.mesh, callables)
         model_path, self.tokenizer, self.mc, self.eos_ids, self.pad_id = setup.load_model_config(c)
+        setup.check_pool(c, self.mesh, self.mc)
         # The prompts before the parameters: a bad file fails before anything is compiled.
         dataset, self.data_stats, held_out = setup.load_data(c, self.tokenizer, rows)
         self.reward_fns = setup.user_rewards(c, self.reward_fns, dataset)  # their form of the completions

@@ -8,16 +8,24 @@ it at step i-1 with that step's policy, version i-1, or 0 for the first two):
   1. the table is filled up to 2B groups with the next prompts (two batches in the first round, then one);
      their rows' key is step i's sampling key, their stream index their place among the rows drawn in
      this round (sampling/partial.py);
-  2. a row whose oldest token would be more than k = rollout.max_staleness versions behind step i is
-     restarted: its tokens are dropped and drawn again by this round's policy (`rollout/partial/restarted`);
+  2. the groups whose oldest token would be more than k = rollout.max_staleness versions behind step i + 1
+     are held: step i's batch must take them, so the round may not stop before they are done
+     (`rollout/partial/held` counts those not done yet; they are among the B groups left from earlier
+     rounds, so never more than B);
   3. one decode round (sampling/partial.py `round_program`) with this version's weights: every row not
-     done goes on from its last token, until B groups have all their rows done;
-  4. the B complete groups that completed first (earlier rounds first, then by the decode step of their
-     last row, then table order) are the batch of step i, scored by the reward functions now; the other
-     rows stay in the table, in flight.
-So every token of step i's batch was drawn by a version in [i-k, i-1] (for the first steps, 0), and the
+     done goes on from its last token, until B groups have all their rows done and so have the held ones;
+  4. the held groups, then the other complete groups in the order they completed (earlier rounds first,
+     then by the decode step of their last row, then table order), B in all, are the batch of step i,
+     scored by the reward functions now; the other rows stay in the table, in flight.
+So every token of step i's batch was drawn by a version in [i-k, i-1] (for the first steps, 0) -- no row is
+ever dropped or restarted, a long row at worst makes the round of its last allowed step wait -- and the
 batch's `policy_version` per row is its oldest token's; `token_versions` (N,T) feeds the per-token
 staleness metrics, and the rollout correction reads each token's own behaviour log-prob.
+
+Several processes (mesh.rollout_devices = 0): the table is the same on every host (each round gathers the
+hosts' new prompts and the table's rows after the round), the round runs on the global mesh, and each
+host scores and trains its block of the batch, as the synchronous path does: 2 processes equal 1
+(tests/test_pods.py).
 
 Deterministic: the swaps happen at fixed steps and the rounds stop on a count of groups, not on a clock.
 Exact resume: the table (tokens, versions, log-probs, keys, the prompts and their dataset columns) is in
@@ -35,12 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import distributed as dist
 from jaxrl_llm import faults, sharding
 from jaxrl_llm.data.padding import left_pad
-from jaxrl_llm.sampling.partial import empty_rows, run_round
+from jaxrl_llm.models.moe import NO_ROUTE
+from jaxrl_llm.sampling.partial import empty_rows, resumes, run_round
 
-_ROW_KEYS = ("stream", "tokens", "logprobs", "versions", "lengths", "done")  # per row
-_GROUP_KEYS = ("prompt_tokens", "prompt_mask", "keys", "done_at")  # per group
+_GROUP_KEYS = ("prompt_tokens", "prompt_mask", "keys", "done_at", "prompt_routes")  # per group
 
 
 def _key_data(key) -> np.ndarray:
@@ -54,13 +63,15 @@ class PartialRollouts:
     `rollouts` (trainer/rollout.py `Rollouts`). `collect(params, key, step, version)` runs step's round."""
 
     def __init__(self, c, rollouts):
-        if jax.process_count() > 1:
-            raise ValueError("config.rollout.partial runs on one process for now (a round's stop and the batch's "
-                             f"groups are decided over the whole table), got {jax.process_count()} processes")
-        if rollouts.mc.num_experts and c.model.routing_replay:
-            raise ValueError("config.model.routing_replay must be False with rollout.partial (a resumed row's "
-                             "experts are not recorded across versions yet)")
+        if jax.process_count() > 1 and c.mesh.rollout_devices:
+            raise ValueError("config.mesh.rollout_devices must be 0 with rollout.partial on several processes (a "
+                             "round gathers every host's rows, which a host's rollout mesh sampling alone cannot)")
         self.c, self.rollouts = c, rollouts
+        mc = rollouts.mc
+        # MoE routing replay: each fed token's experts under the version that fed it; a group's prompt's
+        # under the version of the round it entered the table.
+        self.route_shape = ((mc.num_layers, mc.num_experts_per_tok) if mc.num_experts and c.model.routing_replay
+                            else None)
         self.B, self.G = c.rollout.batch_prompts, c.rollout.group_size
         self.groups: list[dict] = []  # each group's dataset columns (what rewards see), in table order
         self.rows: dict | None = None
@@ -69,26 +80,26 @@ class PartialRollouts:
 
     # ------------------------------------------------------------------ the table
     def _add(self, batch: dict, key, stream0: int) -> None:
-        """Appends a batch of prompts (their G rows each, not started) to the table."""
+        """Appends a batch of prompts (every host's: `batch` is this host's block; their G rows each, not
+        started) to the table."""
         c, G = self.c, self.G
         columns = [k for k in batch if k != "global_max_prompt_length"]
-        n = len(batch["prompt_ids"])
-        tokens, mask = left_pad(batch["prompt_ids"], c.data.max_prompt_length, self.rollouts.pad_id)
+        groups = _gather_groups([{k: batch[k][i] for k in columns} for i in range(len(batch["prompt_ids"]))])
+        n = len(groups)
+        tokens, mask = left_pad([g["prompt_ids"] for g in groups], c.data.max_prompt_length, self.rollouts.pad_id)
         rows = empty_rows(n * G, c.rollout.max_new_tokens, self.rollouts.pad_id)
         rows["stream"] += stream0
         group = {"prompt_tokens": tokens, "prompt_mask": mask, "keys": np.stack([_key_data(key)] * n),
                  "done_at": np.full(n, -1, np.int64)}
-        # Through JSON now, as a resumed run reads them from the checkpoint: both runs' rewards see the same values.
-        try:
-            self.groups += json.loads(json.dumps([{k: batch[k][i] for k in columns} for i in range(n)], default=_plain))
-        except TypeError as e:
-            raise ValueError(f"rollout.partial checkpoints the prompts in flight with their dataset columns as "
-                             f"JSON: {e}") from None
+        if self.route_shape:
+            rows["routes"] = np.full((n * G, c.rollout.max_new_tokens, *self.route_shape), NO_ROUTE, np.int32)
+            group["prompt_routes"] = np.full((n, tokens.shape[1], *self.route_shape), NO_ROUTE, np.int32)
+        self.groups += groups
         if self.rows is None:
             self.rows, self.per_group = rows, group
         else:
-            self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in _ROW_KEYS}
-            self.per_group = {k: np.concatenate([self.per_group[k], group[k]]) for k in _GROUP_KEYS}
+            self.rows = {k: np.concatenate([self.rows[k], rows[k]]) for k in rows}
+            self.per_group = {k: np.concatenate([self.per_group[k], group[k]]) for k in group}
 
     def _keep(self, groups: np.ndarray) -> None:
         """Keeps only `groups` (indices, in table order) in the table."""
@@ -97,16 +108,18 @@ class PartialRollouts:
         self.per_group = {k: v[groups] for k, v in self.per_group.items()}
         self.groups = [self.groups[i] for i in groups]
 
-    def _restart_stale(self, step: int) -> int:
-        """Drops the tokens of every row whose oldest token would be more than k versions behind `step`."""
-        r = self.rows
-        stale = (r["lengths"] > 0) & (step - r["versions"][:, 0] > self.c.rollout.max_staleness)
-        if stale.any():
-            r["tokens"][stale] = self.rollouts.pad_id
-            r["logprobs"][stale], r["versions"][stale], r["lengths"][stale] = 0, 0, 0
-            r["done"][stale] = False
-            self.per_group["done_at"][np.unique(np.nonzero(stale)[0] // self.G)] = -1
-        return int(stale.sum())
+    def _held(self, step: int, version: int) -> np.ndarray:
+        """(Q,) bool: the groups whose oldest token would be more than k versions behind step + 1, so this
+        round's batch must take them. A group's rows all draw their first token in the round it entered
+        the table, by that round's version (`version` for the groups not started)."""
+        r, G = self.rows, self.G
+        head = np.where(r["lengths"] > 0, r["versions"][:, 0], version).reshape(-1, G).min(axis=1)
+        return step + 1 - head > self.c.rollout.max_staleness
+
+    def _device(self, x: np.ndarray):
+        """A host array of the table (rows or groups first; the same on every host) as a global array, rows
+        over the rollout mesh's row shards."""
+        return dist.to_global(x[dist.host_rows(len(x))], sharding.batch_sharding(self.rollouts.mesh, x.ndim))
 
     # ------------------------------------------------------------------ one round
     def collect(self, params, key, step: int, version: int):
@@ -114,28 +127,42 @@ class PartialRollouts:
         (rows of the batch, the same rows (what the metrics describe), info), as `Rollouts.collect`."""
         c, ro, B, G = self.c, self.rollouts, self.B, self.G
         t0 = time.perf_counter()
-        added = 0
+        added, old = 0, len(self.groups)
         while len(self.groups) < 2 * B:
             self._add(next(ro.data), key, added * G)
             added += B
-        restarted = self._restart_stale(step)
+        hold = self._held(step, version)
+        if hold.sum() > B:  # the table holds B groups from earlier rounds: never more to take
+            raise RuntimeError(f"partial rollouts: {int(hold.sum())} groups must be in step {step}'s batch of {B}")
+        complete = self.rows["done"].reshape(-1, G).all(axis=1)
+        waited = int((hold & ~complete).sum())
         before = int(self.rows["lengths"].sum())
+        resume = resumes(self.rows["lengths"], self.rows["done"], c.rollout.decode_slots)
         with sharding.use_mesh(ro.mesh):
-            out = run_round(ro.mc, params, self.per_group["prompt_tokens"], self.per_group["prompt_mask"],
-                            self.per_group["keys"], self.rows, version, B, max_new_tokens=c.rollout.max_new_tokens,
-                            num_samples=G, slots=c.rollout.decode_slots, eos_ids=ro.eos_ids,
-                            temperature=c.rollout.temperature, top_k=c.rollout.top_k, top_p=c.rollout.top_p,
-                            repetition_penalty=c.rollout.repetition_penalty, min_p=c.rollout.min_p)
+            table = {k: self._device(v) for k, v in self.rows.items()}
+            if "routes" in table:  # rows first on the host, layers first in the program
+                table["routes"] = table["routes"].transpose(2, 0, 1, 3)
+            g = {k: self._device(self.per_group[k]) for k in ("prompt_tokens", "prompt_mask", "keys")}
+            out = run_round(ro.mc, params, g["prompt_tokens"], g["prompt_mask"], g["keys"], table, version, B,
+                            max_new_tokens=c.rollout.max_new_tokens, num_samples=G, slots=c.rollout.decode_slots,
+                            eos_ids=ro.eos_ids, temperature=c.rollout.temperature, top_k=c.rollout.top_k,
+                            top_p=c.rollout.top_p, repetition_penalty=c.rollout.repetition_penalty,
+                            min_p=c.rollout.min_p, hold=self._device(hold), resume=resume)
         faults.point("sample")  # the round is running (dispatch is asynchronous)
-        self.rows = {k: np.array(out[k]) for k in _ROW_KEYS}
-        finish, steps = np.asarray(out["finish"]).reshape(-1, G), int(out["iterations"])
+        # The whole table back on every host (a gather on several processes): every host keeps it whole.
+        self.rows = {k: np.array(dist.fetch(out[k])) for k in self.rows}
+        if "routes" in self.rows:
+            self.rows["routes"] = self.rows["routes"].transpose(1, 2, 0, 3)
+            self.per_group["prompt_routes"][old:] = dist.fetch(out["prompt_routes"]).transpose(1, 2, 0, 3)[old:]
+        finish, steps = dist.fetch(out["finish"]).reshape(-1, G), int(dist.fetch(out["iterations"]))
         complete = self.rows["done"].reshape(-1, G).all(axis=1)
         done_at = self.per_group["done_at"]
         new = complete & (done_at < 0)
         done_at[new] = self.round * 2 ** 31 + finish[new].max(axis=1).astype(np.int64)  # completes with its last row
-        order = sorted(np.nonzero(complete)[0], key=lambda i: (done_at[i], i))
+        order = sorted(np.nonzero(complete)[0], key=lambda i: (not hold[i], done_at[i], i))
         take = np.asarray(order[:B], np.int64)
-        local, batch = self._batch(take)
+        local, batch = self._batch(take[dist.host_rows(B)])  # this host's block of the batch, as Rollouts'
+        drawn = int(self.rows["lengths"].reshape(-1, G)[take].sum())  # the batch's tokens, every host's
         self._keep(np.asarray([i for i in range(len(self.groups)) if i not in set(take.tolist())], np.int64))
         self.round += 1
         prompts, columns = ro.reward_inputs(batch, local, step)
@@ -143,8 +170,8 @@ class PartialRollouts:
         in_flight = int(((self.rows["lengths"] > 0) & ~self.rows["done"]).sum())
         info = {**scored, "reward_metrics": scored["rewards"].metrics, "rounds": 1,
                 "sample_s": time.perf_counter() - t0,
-                "gen_tokens": float(int(self.rows["lengths"].sum()) + int(local["lengths"].sum()) - before),
-                "partial": {"rollout/partial/restarted": float(restarted), "rollout/partial/in_flight": float(in_flight),
+                "gen_tokens": float(int(self.rows["lengths"].sum()) + drawn - before) / jax.process_count(),
+                "partial": {"rollout/partial/held": float(waited), "rollout/partial/in_flight": float(in_flight),
                             "rollout/partial/decode_steps": float(steps)}}
         return local, dict(local), info
 
@@ -163,6 +190,8 @@ class PartialRollouts:
                  "lengths": r["lengths"].astype(np.int32), "truncated": ~np.isin(last, eos),
                  "policy_version": r["versions"][:, 0].astype(np.int32),
                  "token_versions": np.where(mask == 1, r["versions"], 0).astype(np.int32)}
+        if "routes" in r:  # MoE routing replay: (rows, tokens, L, k), as Rollouts' rows
+            local["routes"], local["prompt_routes"] = r["routes"], self.per_group["prompt_routes"][groups]
         columns = self.groups[0].keys() if self.groups else ()
         batch = {k: [self.groups[i][k] for i in groups] for k in columns}
         return local, batch
@@ -182,9 +211,21 @@ class PartialRollouts:
         if "arrays" not in state:
             return
         with np.load(io.BytesIO(base64.b64decode(state["arrays"])), allow_pickle=False) as z:
-            self.rows = {k: z[k] for k in _ROW_KEYS}
-            self.per_group = {k: z[k] for k in _GROUP_KEYS}
+            self.rows = {k: z[k] for k in z.files if k not in _GROUP_KEYS}
+            self.per_group = {k: z[k] for k in z.files if k in _GROUP_KEYS}
         self.groups = list(state["groups"])
+
+
+def _gather_groups(local: list[dict]) -> list[dict]:
+    """Every process's groups (dataset columns per prompt), in process order, on every process: the table
+    is the same on every host. Through JSON, as a resumed run reads them from the checkpoint, so both
+    runs' rewards see the same values; a column JSON cannot hold is refused by name."""
+    try:
+        text = json.dumps(local, default=_plain)
+    except TypeError as e:
+        raise ValueError(f"rollout.partial checkpoints the prompts in flight with their dataset columns as JSON: "
+                         f"{e}") from None
+    return [g for words in dist.allgather_lists([list(text.encode())]) for g in json.loads(bytes(words).decode())]
 
 
 def _plain(x):

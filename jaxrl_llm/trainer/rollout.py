@@ -17,6 +17,7 @@ import numpy as np
 from jaxrl_llm import distributed as dist
 from jaxrl_llm import envs, faults, rl, sharding
 from jaxrl_llm.data import pad_prompt_batch, reward_columns
+from jaxrl_llm.models import paged
 from jaxrl_llm.rewards import TrainerState, generation_fields, score_rewards
 from jaxrl_llm.sampling import generate, page_shards, pool_pages
 from jaxrl_llm.trainer import supervised
@@ -103,6 +104,12 @@ class Rollouts:
                 slots=c.rollout.decode_slots, shards=page_shards(self.mesh, prompts, c.rollout.decode_slots),
                 tensor=self.mesh.shape["tensor"], free_bytes=free)
             log.info(line)
+            impl = paged.attention_impl(self.mc.attention, jax.default_backend(), self.mc.head_dim,
+                                        c.rollout.kv_page_size)
+            kind = {"xla": "XLA's (models/paged.py)", "pallas": "the Pallas TPU kernel (models/paged_kernel.py)",
+                    "triton": "the Pallas kernel in Triton's form (models/paged_kernel_gpu.py)"}[impl]
+            log.info(f"rollout.kv_page_size={c.rollout.kv_page_size}: the decode step's paged attention is {kind}, "
+                     f"from model.attention={self.mc.attention} on {jax.default_backend()}")
         return self.kv_pages
 
     def _row_block(self, prompts: int):

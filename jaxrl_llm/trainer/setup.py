@@ -32,7 +32,7 @@ from jaxrl_llm.models.config import read_hf_config
 from jaxrl_llm.models.kernels import check_attention, explain_attention
 from jaxrl_llm.rewards import UserReward, get_reward_fn
 from jaxrl_llm.rl import Objective
-from jaxrl_llm.sampling import pages_needed
+from jaxrl_llm.sampling import freeing_window, pages_needed
 from jaxrl_llm.trainer.adapters import model_fields
 from jaxrl_llm.trainer.preflight import local_model_dir
 from jaxrl_llm.trainer.state import TrainState, UpdatePlan
@@ -119,18 +119,28 @@ def check_batch_fits(c: ml_collections.ConfigDict, mesh) -> None:
     if c.rollout.decode_slots % divisor:
         raise ValueError(f"config.rollout.decode_slots={c.rollout.decode_slots} must be divisible by mesh "
                          f"data*fsdp*sequence={divisor} (the decode slots are sharded over them)")
-    if c.rollout.kv_page_size and c.rollout.kv_pages:
-        shards = divisor if c.rollout.batch_prompts % divisor == 0 else 1
-        need = pages_needed(c.data.max_prompt_length, c.rollout.max_new_tokens, c.rollout.batch_prompts, shards,
-                            c.rollout.kv_page_size)
-        if c.rollout.kv_pages < need:
-            raise ValueError(f"config.rollout.kv_pages={c.rollout.kv_pages} is fewer than the {need} pages of "
-                             f"{c.rollout.kv_page_size} tokens a row shard needs: its {c.rollout.batch_prompts // shards} "
-                             f"prompts of up to {c.data.max_prompt_length} tokens and one row of "
-                             f"{c.rollout.max_new_tokens} new tokens")
     if c.rollout.batch_prompts % jax.process_count():
         raise ValueError(f"config.rollout.batch_prompts={c.rollout.batch_prompts} must be divisible by the "
                          f"{jax.process_count()} processes")
+
+
+def check_pool(c: ml_collections.ConfigDict, mesh, mc: ModelConfig) -> None:
+    """A set rollout.kv_pages holds what the paged sampler needs of a row shard (sampling/paged.py
+    `pages_needed`); fewer with a model whose every layer is windowed, so checked once the model is known."""
+    if not (c.rollout.kv_page_size and c.rollout.kv_pages):
+        return
+    divisor = sharding.batch_divisor(mesh)
+    shards = divisor if c.rollout.batch_prompts % divisor == 0 else 1
+    window = freeing_window(mc)
+    need = pages_needed(c.data.max_prompt_length, c.rollout.max_new_tokens, c.rollout.batch_prompts, shards,
+                        c.rollout.kv_page_size, window)
+    if c.rollout.kv_pages < need:
+        raise ValueError(f"config.rollout.kv_pages={c.rollout.kv_pages} is fewer than the {need} pages of "
+                         f"{c.rollout.kv_page_size} tokens a row shard needs: its {c.rollout.batch_prompts // shards} "
+                         f"prompts of up to {c.data.max_prompt_length} tokens and one row of "
+                         f"{c.rollout.max_new_tokens} new tokens"
+                         + (f" (with the pages every layer's sliding window of {window} has passed freed)"
+                            if window else ""))
 
 
 # ------------------------------------------------------------------------------------------ parameters

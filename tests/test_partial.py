@@ -120,6 +120,7 @@ def test_a_rollout_mesh_gives_the_one_mesh_run(partial_run, compile_cache, tmp_p
     ({"rollout.kv_page_size": 4}, "rollout.kv_page_size"),
     ({"dapo.dynamic_sampling": True}, "dapo.dynamic_sampling"),
     ({"distill.lmbda": 0.5}, "distill.lmbda"),
+    ({"env.name": "guess_digit"}, "env.name"),
 ])
 def test_options_partial_rollouts_cannot_serve_are_refused(overrides, field, tmp_path):
     with pytest.raises(ValueError, match=f"config.{field} .*rollout.partial"):

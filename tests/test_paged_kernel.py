@@ -7,10 +7,7 @@ fake devices (tests/paged_kernel_worker.py); and the paged sampler with a kernel
 same sampler on the XLA path.
 """
 import functools
-import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +20,8 @@ from jaxrl_llm.models.paged import page_counts
 from jaxrl_llm.models.paged_kernel import paged_attend
 from jaxrl_llm.models.paged_kernel_gpu import triton_paged_attend
 from jaxrl_llm.sampling import generate, pages_needed
-from test_sampling_paged import EOS, MODELS, PAD, S, T, G, _assert_same, _model, prompts  # noqa: F401 (fixture)
+from test_sampling_paged import (EOS, MODELS, PAD, S, T, G, _assert_same, _model, prompts,  # noqa: F401 (fixture)
+                                 run_mesh_worker)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,14 +151,7 @@ def test_the_kernel_reads_pages_a_window_freed_and_another_row_took(prompts, mon
 def test_kernel_on_a_mesh_equals_the_xla_path():
     """The kernel in shard_map over row shards (data x fsdp) and over KV heads (tensor): each chip's slots
     read only its own pools, and the result is the XLA path's."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from xla_flags import with_flags
-    env["XLA_FLAGS"] = with_flags("--xla_force_host_platform_device_count=4")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "paged_kernel_worker.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    diffs = json.loads(proc.stdout.strip().splitlines()[-1])["kernel_max_diff"]
+    diffs = run_mesh_worker("paged_kernel_worker.py")["kernel_max_diff"]
     assert len(diffs) == 8 and max(diffs.values()) <= 1e-5, diffs
 
 

@@ -186,15 +186,20 @@ def test_freeing_a_page_early_is_caught(prompts, monkeypatch):
         _assert_same(a, b)
 
 
-def test_per_shard_pools_on_a_mesh_equal_one_device():
+def run_mesh_worker(script: str) -> dict:
+    """tests/<script> in a subprocess on 4 fake CPU devices; the JSON of its last output line."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from xla_flags import with_flags
     env["XLA_FLAGS"] = with_flags("--xla_force_host_platform_device_count=4")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "paged_worker.py")], env=env,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", script)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_per_shard_pools_on_a_mesh_equal_one_device():
+    out = run_mesh_worker("paged_worker.py")
     assert out["shards"] == 4 and out["restarts"] > 0, out
     assert out["tokens_equal"] and out["mask_equal"] and out["logp_max_diff"] <= 1e-5, out
 
